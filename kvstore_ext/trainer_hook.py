@@ -1,0 +1,44 @@
+"""Make ``gluon.Trainer(..., kvstore='<name>')`` use this project's stores.
+
+MXNet 1.9.1's ``gluon.Trainer`` builds its store through
+``mxnet.model._create_kvstore``, which silently returns *no store at all* when a
+worker has one device and the name lacks the substring ``"dist"``.  A user who
+asks for ``kvstore='cpsgd'`` on a one-GPU (or CPU) worker would then train
+alone without a word.  This module wraps the function that ``gluon.trainer``
+imported so that names in ``names`` always create the registered store; every
+other name goes to MXNet's original code unchanged.
+"""
+import os
+
+import mxnet as mx
+from mxnet.gluon import trainer as _trainer
+
+_MARKER = "_mxnet_cpsgd_names"
+
+
+def install(names):
+    """Route ``kvstore=<name>`` strings for ``names`` to ``mx.kv.create``.
+
+    Idempotent; further calls add names.
+
+    Args:
+        names: iterable of registered store names (lower case).
+    """
+    current = _trainer._create_kvstore
+    routed = getattr(current, _MARKER, None)
+    if routed is not None:
+        routed.update(n.lower() for n in names)
+        return
+    original = current
+    routed = set(n.lower() for n in names)
+
+    def _create_kvstore(kvstore, num_device, arg_params):
+        if isinstance(kvstore, str) and kvstore.lower() in routed:
+            kv = mx.kv.create(kvstore.lower())
+            update_on_kvstore = bool(int(os.getenv("MXNET_UPDATE_ON_KVSTORE", "1")))
+            return kv, update_on_kvstore and kv.is_capable(mx.kv.KVStoreBase.OPTIMIZER)
+        return original(kvstore, num_device, arg_params)
+
+    setattr(_create_kvstore, _MARKER, routed)
+    _create_kvstore.__wrapped__ = original
+    _trainer._create_kvstore = _create_kvstore

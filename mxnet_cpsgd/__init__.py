@@ -1,0 +1,60 @@
+"""mxnet-cpsgd: CP-SGD and its family as MXNet parameter-server KVStores.
+
+``import mxnet_cpsgd`` registers the stores ``ssgd``, ``bitsgd``, ``asgd``,
+``odsgd``, ``cpsgd``, ``ssdsgd`` and ``localsgd`` with MXNet, so that unchanged
+Gluon code selects one by name::
+
+    trainer = gluon.Trainer(net.collect_params(), 'sgd',
+                            {'learning_rate': 0.1, 'momentum': 0.9},
+                            kvstore='cpsgd',
+                            compression_params={'threshold': 0.5,
+                                                'correction_period': 5,
+                                                'warmup_steps': 1000})
+"""
+import os as _os
+
+__version__ = "0.1.0"
+
+# A parameter server imports this package only to unpickle the server optimizer,
+# possibly while `import mxnet` is still running; it needs none of the rest.
+if _os.environ.get("DMLC_ROLE") in ("server", "scheduler"):
+    __all__ = []
+else:
+    from kvstore_ext import trainer_hook as _trainer_hook
+
+    from .config import AlgorithmConfig, ConfigError
+    from .policies import POLICIES
+    from .stores import STORES
+
+    ALGORITHMS = tuple(sorted(STORES))
+
+    # string names of these stores must reach mx.kv.create even with one device per worker
+    _trainer_hook.install(STORES)
+
+
+    def create(config, **knobs):
+        """Create a store from an AlgorithmConfig or a name plus knobs.
+
+        Args:
+            config: an :class:`AlgorithmConfig`, or an algorithm name.
+            **knobs: settings when ``config`` is a name.
+
+        Returns:
+            the store, to pass as ``gluon.Trainer(..., kvstore=store)``.
+        """
+        if isinstance(config, AlgorithmConfig):
+            if knobs:
+                raise TypeError("pass knobs inside the AlgorithmConfig, not both")
+            name = config.algorithm
+        else:
+            name, config = config, knobs
+        try:
+            cls = STORES[name.lower()]
+        except KeyError:
+            raise ConfigError("unknown algorithm %r; known: %s"
+                              % (name, ", ".join(ALGORITHMS))) from None
+        return cls(config)
+
+
+    __all__ = ["AlgorithmConfig", "ConfigError", "ALGORITHMS", "POLICIES", "STORES",
+               "create"]

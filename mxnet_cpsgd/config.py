@@ -1,0 +1,195 @@
+"""Settings of the training algorithms: one typed object, three sources.
+
+Settings come, in increasing precedence, from each algorithm's defaults, from
+environment variables ``MXNET_CPSGD_<KNOB>`` (for jobs started by MXNet's
+``tools/launch.py``), and from the ``compression_params`` dict that
+``gluon.Trainer`` hands to the store (or an :class:`AlgorithmConfig` built in
+Python).  A knob that the chosen algorithm does not use is an error, never
+silently ignored.
+"""
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Optional
+
+ENV_PREFIX = "MXNET_CPSGD_"
+
+
+class ConfigError(ValueError):
+    """A setting is unknown, not used by the chosen algorithm, or out of range."""
+
+
+def _positive_float(name, value):
+    value = _as_float(name, value)
+    if not value > 0 or math.isinf(value):
+        raise ConfigError("%s must be a finite number > 0, got %r" % (name, value))
+    return value
+
+
+def _unit_float(name, value):
+    value = _as_float(name, value)
+    if not 0 <= value < 1:
+        raise ConfigError("%s must be in [0, 1), got %r" % (name, value))
+    return value
+
+
+def _closed_unit_float(name, value):
+    value = _as_float(name, value)
+    if not 0 <= value <= 1:
+        raise ConfigError("%s must be in [0, 1], got %r" % (name, value))
+    return value
+
+
+def _as_float(name, value):
+    if isinstance(value, bool):
+        raise ConfigError("%s must be a number, got %r" % (name, value))
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError("%s must be a number, got %r" % (name, value)) from None
+    if math.isnan(value):
+        raise ConfigError("%s must be a number, got NaN" % name)
+    return value
+
+
+def _int_at_least(minimum):
+    def check(name, value):
+        if isinstance(value, bool):
+            raise ConfigError("%s must be an integer >= %d, got %r" % (name, minimum, value))
+        try:
+            as_float = float(value)
+            as_int = int(as_float)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError("%s must be an integer >= %d, got %r"
+                              % (name, minimum, value)) from None
+        if as_int != as_float or as_int < minimum:
+            raise ConfigError("%s must be an integer >= %d, got %r" % (name, minimum, value))
+        return as_int
+    return check
+
+
+def _compression_type(name, value):
+    if value != "2bit":
+        raise ConfigError("%s must be '2bit' (MXNet's 2-bit quantizer), got %r"
+                          % (name, value))
+    return value
+
+
+# knob -> (validator, meaning); the defaults live with each algorithm's policy
+KNOBS = {
+    "type": (_compression_type, "compression type; only '2bit'"),
+    "threshold": (_positive_float, "2-bit quantization threshold tau"),
+    "correction_period": (_int_at_least(1),
+                          "every correction_period-th iteration pushes full precision"),
+    "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
+    "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
+    "local_lr": (_positive_float, "learning rate of the local optimizer (default: the Trainer's)"),
+    "local_momentum": (_unit_float, "momentum of the local optimizer (default: the Trainer's)"),
+    "glu_weight": (_closed_unit_float,
+                   "SSD-SGD: pull of each local step toward the last synced global weights"),
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Settings of one store; ``None`` means "not set here".
+
+    Build one in Python and pass it to :func:`mxnet_cpsgd.create`, or turn it
+    into the Trainer's ``compression_params`` with :meth:`as_compression_params`.
+    A resolved config (``store.config``) has every knob its algorithm uses filled
+    in and the others ``None``.
+
+    Args:
+        algorithm: registered store name, e.g. ``'cpsgd'``.
+        threshold: 2-bit quantization threshold tau (``bitsgd``, ``cpsgd``).
+        correction_period: every correction_period-th iteration the push is the
+            full-precision gradient (``cpsgd``).
+        warmup_steps: iterations of plain S-SGD first (local-update algorithms).
+        sync_period: iterations between pulls of the global model (``ssdsgd``)
+            or model averages (``localsgd``).
+        local_lr: learning rate of the local optimizer (default: the Trainer's).
+        local_momentum: momentum of the local optimizer (default: the Trainer's).
+        glu_weight: SSD-SGD's pull toward the last synced global weights.
+        type: compression type, only ``'2bit'``.
+    """
+    algorithm: str
+    threshold: Optional[float] = None
+    correction_period: Optional[int] = None
+    warmup_steps: Optional[int] = None
+    sync_period: Optional[int] = None
+    local_lr: Optional[float] = None
+    local_momentum: Optional[float] = None
+    glu_weight: Optional[float] = None
+    type: Optional[str] = None
+
+    def knobs(self):
+        """The knobs that are set, as a dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "algorithm" and getattr(self, f.name) is not None}
+
+    def as_compression_params(self):
+        """The dict to pass as ``gluon.Trainer(compression_params=...)``."""
+        return self.knobs()
+
+
+def env_settings(environ=None):
+    """Knob values found in ``MXNET_CPSGD_*`` environment variables.
+
+    Unknown ``MXNET_CPSGD_*`` names are an error (a misspelt variable would
+    otherwise be ignored).
+    """
+    environ = os.environ if environ is None else environ
+    found = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        knob = key[len(ENV_PREFIX):].lower()
+        if knob in ("algorithm",):
+            continue
+        if knob not in KNOBS:
+            raise ConfigError("unknown environment variable %s; known: %s" % (
+                key, ", ".join(ENV_PREFIX + k.upper() for k in sorted(KNOBS))))
+        found[knob] = value
+    return found
+
+
+def resolve(algorithm, defaults, params=None, environ=None):
+    """Merge defaults < environment < params and validate.
+
+    Args:
+        algorithm: the algorithm's registered name (used in messages).
+        defaults: knob -> default value for every knob the algorithm accepts
+            (``None`` for an optional knob).
+        params: the Trainer's ``compression_params`` (or any mapping of knobs).
+        environ: environment mapping (default ``os.environ``).
+
+    Returns:
+        AlgorithmConfig
+
+    Raises:
+        ConfigError: naming the offending setting and what is allowed.
+    """
+    params = dict(params or {})
+    allowed = sorted(defaults)
+    sources = [("environment variable " + ENV_PREFIX + "{}", env_settings(environ)),
+               ("compression_params['{}']", params)]
+    settings = dict(defaults)
+    for describe, values in sources:
+        for knob, value in values.items():
+            label = describe.format(knob.upper() if describe.startswith("env") else knob)
+            if knob not in KNOBS:
+                raise ConfigError("unknown setting %s for kvstore '%s'; it accepts: %s"
+                                  % (label, algorithm, ", ".join(allowed) or "no settings"))
+            if knob not in defaults:
+                raise ConfigError("%s is not used by kvstore '%s'; it accepts: %s"
+                                  % (label, algorithm, ", ".join(allowed) or "no settings"))
+            if value is None:
+                settings[knob] = None
+                continue
+            validator = KNOBS[knob][0]
+            settings[knob] = validator(label, value)
+    return AlgorithmConfig(algorithm, **settings)
+
+
+__all__ = ["AlgorithmConfig", "ConfigError", "KNOBS", "resolve", "env_settings",
+           "ENV_PREFIX"]

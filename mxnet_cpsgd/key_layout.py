@@ -1,0 +1,93 @@
+"""Which MXNet keys carry which part of which parameter.
+
+MXNet splits arrays of ``MXNET_KVSTORE_BIGARRAY_BOUND`` (default 1e6) elements or
+more across all servers, and it splits dense and 2-bit pushes of such arrays
+differently, so a round that mixes the two kinds would be summed wrongly with
+two or more servers.  Parameters whose arrays (or optimizer-state mirrors) would
+reach the bound are therefore cut into contiguous chunks, each its own key, each
+below the bound.  Every chunk key ``k`` also has a mirror key
+``mirror_base + k`` for its server-side optimizer state, chosen so that MXNet
+places it on the same server as ``k`` (server = key * 9973 mod num_servers).
+"""
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+from .server_optimizer import MIRROR_TRAILER
+
+# MXNet computes key * 9973 in a 32-bit int to pick a server
+_MAX_KEY = (2 ** 31 - 1) // 9973
+
+
+def bigarray_bound():
+    """The bound MXNet's dist kvstore uses (same environment variable)."""
+    return int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", 1000 * 1000))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    key: int     # MXNet key of this chunk
+    start: int   # first element in the flattened parameter
+    stop: int    # one past the last element
+
+    @property
+    def size(self):
+        return self.stop - self.start
+
+
+class KeyLayout:
+    """Chunks and mirror keys for a list of parameters.
+
+    Args:
+        shapes: parameter index -> shape, for every parameter the store will see.
+        num_servers: servers in the job.
+        state_per_element: optimizer-state elements per weight element on the
+            servers (0 for plain SGD, 1 for momentum, 2 for Adam).
+        bound: MXNet's big-array bound.
+    """
+
+    def __init__(self, shapes: Dict[int, Tuple[int, ...]], num_servers: int,
+                 state_per_element: float, bound: int):
+        # largest chunk whose weight and whose state mirror both stay below the bound
+        limit = min(bound - 1, int((bound - 1 - MIRROR_TRAILER) / max(1.0, state_per_element)))
+        if limit < 1:
+            raise ValueError("MXNET_KVSTORE_BIGARRAY_BOUND=%d is too small" % bound)
+        self.limit = limit
+        self.shapes = dict(shapes)
+        self.chunks: Dict[int, List[Chunk]] = {}
+        indices = sorted(shapes)
+        next_key = (max(indices) + 1) if indices else 0
+        for index in indices:
+            size = _numel(shapes[index])
+            bounds = list(range(0, size, limit)) + [size]
+            chunks = []
+            for j, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+                if j == 0:
+                    key = index  # keep the Trainer's index as the key of the first chunk
+                else:
+                    key, next_key = next_key, next_key + 1
+                chunks.append(Chunk(key, start, stop))
+            if not chunks:  # a parameter with no elements still gets one key
+                chunks.append(Chunk(index, 0, 0))
+            self.chunks[index] = chunks
+        # the mirror of k is k + mirror_base; a multiple of num_servers keeps both on one server
+        self.mirror_base = -(-max(next_key, 1) // num_servers) * num_servers
+        if self.mirror_base + next_key > _MAX_KEY:
+            raise ValueError("too many parameter chunks (%d) for MXNet's key space" % next_key)
+
+    def is_chunked(self, index):
+        return len(self.chunks[index]) > 1
+
+    def keys(self) -> Sequence[int]:
+        return [c.key for index in sorted(self.chunks) for c in self.chunks[index]]
+
+    def owner(self) -> Dict[int, int]:
+        """chunk key -> parameter index"""
+        return {c.key: index for index, chunks in self.chunks.items() for c in chunks}
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

@@ -1,0 +1,17 @@
+"""OD-SGD: one-step delay.
+
+After warm-up every push is full precision; the worker's next weights are
+Opt_l(newest global weights, own gradient) and the pull runs in the background.
+"""
+from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
+
+_ONE_STEP_DELAY = StepPlan(Push.DENSE, Pull.BACKGROUND, Local.FROM_GLOBAL)
+
+
+class ODSGD(Policy):
+    name = "odsgd"
+    defaults = {"warmup_steps": 1000, "local_lr": None, "local_momentum": None}
+    uses_local_optimizer = True
+
+    def plan(self, step):
+        return SYNC_SGD if self.in_warmup(step) else _ONE_STEP_DELAY

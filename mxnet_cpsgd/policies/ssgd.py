@@ -1,0 +1,9 @@
+"""S-SGD: MXNet's dist_sync, full precision."""
+from .base import SYNC_SGD, Policy
+
+
+class SSGD(Policy):
+    name = "ssgd"
+
+    def plan(self, step):
+        return SYNC_SGD

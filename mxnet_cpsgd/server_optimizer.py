@@ -1,0 +1,165 @@
+"""The optimizer object the parameter servers run.
+
+MXNet's servers unpickle whatever optimizer the workers send and call it for every
+completed round of a key; they offer no way to read or write the optimizer's state
+(momentum etc.).  :class:`ServerOptimizer` wraps the algorithm's optimizer and adds
+that, with stock servers and no extra command:
+
+* every parameter key ``k`` has a *mirror key* ``mirror_base + k`` placed on the
+  same server.  The server's stored array of the mirror key becomes the storage of
+  the optimizer state of ``k`` (the state arrays are views into it), so a plain
+  pull of the mirror key reads the current state at any time;
+* a push to the mirror key whose last element (summed over the round) is 1 writes
+  the pushed state into it: that is how a saved state is loaded.  A push whose
+  flag is 0 only registers the mirror (done once, when the key is initialized).
+
+Mirror layout: ``[state elements..., update count, flag]`` (float32).
+
+This module must be importable on the servers: servers of a job run the same
+Python environment as its workers.  A server unpickles it while ``import mxnet``
+is still running (the server loop starts inside MXNet's import), so it imports
+MXNet's submodules directly, never attributes of the half-built ``mxnet``.
+An exception inside a server's updater would be printed and ignored by MXNet,
+leaving the round unapplied while training goes on; this class stops the
+server instead, so the job fails with the traceback.
+"""
+import os
+import sys
+import traceback
+
+import numpy as np
+from mxnet.ndarray import NDArray
+
+MIRROR_TRAILER = 2  # update count, flag
+
+
+def state_arrays(state):
+    """The NDArrays of an optimizer state, flattened in a fixed order."""
+    if state is None:
+        return []
+    if isinstance(state, NDArray):
+        return [state]
+    if isinstance(state, (list, tuple)):
+        arrays = []
+        for part in state:
+            arrays.extend(state_arrays(part))
+        return arrays
+    raise TypeError("unsupported optimizer state of type %s" % type(state).__name__)
+
+
+def state_size(state):
+    """Elements of a state when it can be mirrored (all float32), else None."""
+    arrays = state_arrays(state)
+    if any(np.dtype(a.dtype) != np.float32 for a in arrays):
+        return None
+    return sum(a.size for a in arrays)
+
+
+def _rebind(state, mirror, offset, keep_values):
+    """Return ``state`` with every array replaced by a view of ``mirror``."""
+    if state is None:
+        return None, offset
+    if isinstance(state, NDArray):
+        view = mirror[offset:offset + state.size].reshape(state.shape)
+        if not keep_values:
+            state.copyto(view)
+        return view, offset + state.size
+    parts = []
+    for part in state:
+        bound, offset = _rebind(part, mirror, offset, keep_values)
+        parts.append(bound)
+    return type(state)(parts), offset
+
+
+class ServerOptimizer:
+    """The servers' optimizer: the algorithm's optimizer plus state mirrors.
+
+    Args:
+        optimizer: the optimizer that updates the weights (pickled to servers).
+        lr_mult: store key -> learning-rate multiplier.
+        wd_mult: store key -> weight-decay multiplier.
+        mirror_base: keys at or above this are mirror keys.
+    """
+
+    def __init__(self, optimizer, lr_mult, wd_mult, mirror_base):
+        optimizer.lr_mult = dict(lr_mult)
+        optimizer.wd_mult = dict(wd_mult)
+        self.optimizer = optimizer
+        self.mirror_base = mirror_base
+        self._reset()
+
+    def _reset(self):
+        self._mirrors = {}
+        self._loaded = set()
+
+    # MXNet's Updater reads these two attributes
+    @property
+    def aggregate_num(self):
+        return self.optimizer.aggregate_num
+
+    @property
+    def multi_precision(self):
+        return self.optimizer.multi_precision
+
+    def __getstate__(self):
+        return {"optimizer": self.optimizer, "mirror_base": self.mirror_base}
+
+    def __setstate__(self, state):
+        self.optimizer = state["optimizer"]
+        self.mirror_base = state["mirror_base"]
+        self._reset()
+
+    def _set_current_context(self, device_id):
+        self.optimizer._set_current_context(device_id)
+
+    def create_state_multi_precision(self, index, weight):
+        try:
+            return self._create_state(index, weight)
+        except BaseException:  # noqa: B902
+            _die("creating the optimizer state of key %r" % (index,))
+
+    def _create_state(self, index, weight):
+        if index >= self.mirror_base:
+            return None
+        state = self.optimizer.create_state_multi_precision(index, weight)
+        mirror = self._mirrors.get(index)
+        if mirror is not None and state_size(state):
+            state, _ = _rebind(state, mirror, 0, keep_values=index in self._loaded)
+        return state
+
+    def update_multi_precision(self, index, weight, grad, state):
+        try:
+            self._update(index, weight, grad, state)
+        except BaseException:  # noqa: B902 - MXNet would swallow it; see module doc
+            _die("update of key %r" % (index,))
+
+    def _update(self, index, weight, grad, state):
+        first = index[0] if isinstance(index, (list, tuple)) else index
+        if first < self.mirror_base:
+            self.optimizer.update_multi_precision(index, weight, grad, state)
+            return
+        if isinstance(index, (list, tuple)):
+            for i, w, g in zip(index, weight, grad):
+                self._mirror_push(i - self.mirror_base, w, g)
+        else:
+            self._mirror_push(index - self.mirror_base, weight, grad)
+
+    def _mirror_push(self, key, mirror, pushed):
+        self._mirrors[key] = mirror
+        trailer = pushed[pushed.size - MIRROR_TRAILER:].asnumpy()
+        if trailer[1] < 0.5:
+            return  # registration only
+        length = mirror.size - MIRROR_TRAILER
+        mirror[0:length] = pushed[0:length]
+        count = int(round(float(trailer[0])))
+        self.optimizer._index_update_count[key] = count
+        self.optimizer.num_update = max(self.optimizer.num_update, count)
+        self._loaded.add(key)
+
+
+def _die(what):
+    sys.stderr.write("mxnet-cpsgd server: %s failed; stopping this server so that the "
+                     "job fails instead of training on unapplied updates\n%s"
+                     % (what, traceback.format_exc()))
+    sys.stderr.flush()
+    os._exit(17)

@@ -1,0 +1,425 @@
+"""PolicyStore: a KVStore that runs one algorithm policy on MXNet's parameter servers.
+
+``gluon.Trainer`` talks to it through MXNet's ``KVStoreBase`` interface
+(``set_gradient_compression``, ``set_optimizer``, ``broadcast``, ``pushpull``,
+``save/load_optimizer_states``).  Underneath sits one ordinary MXNet
+``dist_sync``/``dist_async`` store with stock servers; the policy decides, per
+iteration, what is pushed, when weights are pulled, and how the worker's own
+weights move.  Everything it issues is an asynchronous MXNet engine operation:
+``pushpull`` returns at once and the next forward/backward waits only on the
+arrays it reads, which is what lets CP-SGD's communication overlap computation.
+
+Per parameter the store keeps
+  * ``send``: the summed gradient (or model delta) that is pushed; MXNet also
+    uses it as the receive buffer of the pull of that key;
+  * ``glob``: the newest global weights the worker holds (W);
+and the worker's weights are the Trainer's own parameter arrays (L).
+"""
+import os
+import pickle
+
+import mxnet as mx
+import numpy as np
+
+from kvstore_ext import CompressionSwitch
+
+from . import config as config_mod
+from .key_layout import KeyLayout, bigarray_bound
+from .local_optimizer import LocalOptimizer
+from .policies.base import Local, Payload, Pull, Push
+from .server_optimizer import MIRROR_TRAILER, ServerOptimizer, state_size
+
+_REQUIRED_ENV = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                 "DMLC_NUM_WORKER")
+_STATES_FORMAT = "mxnet-cpsgd-states-1"
+
+
+class _Param:
+    """Buffers of one parameter (Trainer index)."""
+
+    def __init__(self, index, value, chunks):
+        self.index = index
+        self.shape = value.shape
+        self.chunks = chunks
+        ctx = value.context
+        self.send = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
+        self.glob = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
+
+    def parts(self, array):
+        """(key, view) for each chunk of ``array`` (the array itself when unchunked)."""
+        if len(self.chunks) == 1:
+            return [(self.chunks[0].key, array)]
+        flat = array.reshape(-1)
+        return [(c.key, flat[c.start:c.stop]) for c in self.chunks]
+
+
+class _UpdaterView:
+    """What gluon.Trainer.load_states reads back (``kv._updater.optimizer``)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+class PolicyStore(mx.kv.KVStoreBase):
+    """Base class of the registered stores; a subclass names its policy.
+
+    Args:
+        config: optional :class:`~mxnet_cpsgd.config.AlgorithmConfig` (or dict of
+            knobs); the Trainer's ``compression_params`` override it, and it
+            overrides ``MXNET_CPSGD_*`` environment variables.
+    """
+    policy_class = None
+
+    def __init__(self, config=None):
+        if self.policy_class is None:
+            raise TypeError("PolicyStore is abstract; create a registered store by name")
+        if isinstance(config, config_mod.AlgorithmConfig):
+            if config.algorithm.lower() != self.policy_class.name:
+                raise config_mod.ConfigError(
+                    "config is for algorithm %r but the store is %r"
+                    % (config.algorithm, self.policy_class.name))
+            config = config.knobs()
+        self._base_knobs = dict(config or {})
+        self._config = self._resolve({})  # fail early on bad environment/config
+        self._policy = None
+        self._kv = None
+        self._switch = None
+        self._optimizer = None
+        self._local = None
+        self._layout = None
+        self._mirrors = False
+        self._params = {}
+        self._steps = {}
+        self._rounds = {}
+        self._updater = None
+        self._state_per_element = 0
+
+    # ------------------------------------------------------------------ setup
+    def _resolve(self, params):
+        # precedence: defaults < environment < config object < compression_params
+        knobs = dict(self._base_knobs)
+        knobs.update(params)
+        return config_mod.resolve(self.policy_class.name, self.policy_class.defaults,
+                                  knobs, os.environ)
+
+    @property
+    def config(self):
+        """The resolved :class:`~mxnet_cpsgd.config.AlgorithmConfig`."""
+        return self._config
+
+    def set_gradient_compression(self, compression_params):
+        """Called by gluon.Trainer with its ``compression_params``: the algorithm's knobs."""
+        if self._kv is not None:
+            raise RuntimeError("set_gradient_compression must come before the store is used")
+        if not isinstance(compression_params, dict):
+            raise config_mod.ConfigError("compression_params must be a dict, got %r"
+                                         % (compression_params,))
+        self._config = self._resolve(compression_params)
+
+    def _start(self):
+        if self._kv is not None:
+            return
+        missing = [v for v in _REQUIRED_ENV if v not in os.environ]
+        if missing or os.environ.get("DMLC_ROLE") != "worker":
+            raise RuntimeError(
+                "kvstore '%s' runs inside a distributed job (scheduler, servers, workers); "
+                "start this script with `python -m mxnet_cpsgd.launch -n WORKERS -s SERVERS "
+                "-- python ...` or MXNet's tools/launch.py (%s)"
+                % (self.policy_class.name,
+                   "missing " + ", ".join(missing) if missing else
+                   "DMLC_ROLE=%s" % os.environ.get("DMLC_ROLE")))
+        self._policy = self.policy_class(self._config)
+        kv = mx.kv.create(self._policy.inner_kvstore)
+        if self._policy.uses_compression:
+            switch = CompressionSwitch(kv)
+            switch.enable(self._config.threshold)
+            self._switch = switch
+        self._kv = kv
+
+    # -------------------------------------------------------------- identity
+    @property
+    def type(self):
+        # gluon.Trainer treats stores whose type contains 'dist' as distributed
+        inner = self.policy_class.inner_kvstore
+        return "%s_%s" % (inner, self.policy_class.name)
+
+    @property
+    def rank(self):
+        self._start()
+        return self._kv.rank
+
+    @property
+    def num_workers(self):
+        self._start()
+        return self._kv.num_workers
+
+    @staticmethod
+    def is_capable(capability):
+        return capability.lower() == mx.kv.KVStoreBase.OPTIMIZER
+
+    # ------------------------------------------------------------- optimizer
+    def set_optimizer(self, optimizer):
+        """Send the algorithm's server optimizer to the servers and set up Opt_l."""
+        self._start()
+        if self._optimizer is not None:
+            raise RuntimeError("set_optimizer was already called on this store")
+        shapes = {}
+        for index, param in optimizer.param_dict.items():
+            shape = param.shape
+            if shape is None or any(int(d) <= 0 for d in shape):
+                raise ValueError("parameter %s has no known shape; run a forward pass "
+                                 "before the first trainer.step()" % param.name)
+            shapes[index] = tuple(shape)
+        num_workers = self._kv.num_workers
+        chosen = self._policy.server_optimizer(optimizer, num_workers)
+        # a copy: the multipliers set below must not touch the Trainer's optimizer
+        server_opt = pickle.loads(pickle.dumps(chosen))
+        probe_size = 8
+        probe = server_opt.create_state_multi_precision(
+            0, mx.nd.zeros((probe_size,), dtype=np.float32))
+        mirrored = state_size(probe)
+        self._mirrors = mirrored is not None
+        self._state_per_element = (mirrored or 0) // probe_size
+        num_servers = int(os.environ["DMLC_NUM_SERVER"])
+        self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
+                                 bigarray_bound())
+        lr_mult, wd_mult = {}, {}
+        for index, chunks in self._layout.chunks.items():
+            param = optimizer.param_dict[index]
+            for chunk in chunks:
+                # an optimizer of the policy's own (model averaging) ignores the multipliers
+                lr_mult[chunk.key] = param.lr_mult if chosen is optimizer else 1.0
+                wd_mult[chunk.key] = param.wd_mult if chosen is optimizer else 1.0
+        self._kv.set_optimizer(ServerOptimizer(server_opt, lr_mult, wd_mult,
+                                               self._layout.mirror_base))
+        self._optimizer = optimizer
+        self._updater = _UpdaterView(optimizer)
+        if self._policy.uses_local_optimizer:
+            self._local = LocalOptimizer(optimizer, num_workers,
+                                         local_lr=self._config.local_lr,
+                                         local_momentum=self._config.local_momentum)
+
+    # ------------------------------------------------------------- broadcast
+    def _check_array(self, key, array):
+        if array.stype != "default":
+            raise ValueError("kvstore '%s' supports dense parameters and gradients only; "
+                             "parameter %d is %s" % (self.policy_class.name, key, array.stype))
+        if self._policy is not None and self._policy.uses_compression \
+                and np.dtype(array.dtype) != np.float32:
+            raise ValueError("kvstore '%s' compresses gradients, which MXNet supports for "
+                             "float32 only; parameter %d is %s (use float32 parameters or "
+                             "kvstore='odsgd'/'ssgd')"
+                             % (self.policy_class.name, key, np.dtype(array.dtype).name))
+
+    def broadcast(self, key, value, out, priority=0):
+        """Initialise ``key`` on the servers from rank 0's value and pull it into ``out``."""
+        if self._optimizer is None:
+            raise RuntimeError(
+                "kvstore '%s' needs update_on_kvstore=True: the servers run the optimizer "
+                "(do not pass update_on_kvstore=False or set MXNET_UPDATE_ON_KVSTORE=0)"
+                % self.policy_class.name)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if len(keys) != 1:
+            for k, v, o in zip(keys, values, outs):
+                self.broadcast(k, v, o, priority)
+            return
+        key, value = keys[0], values[0]
+        self._check_array(key, value)
+        for o in outs:
+            self._check_array(key, o)
+        if key in self._params:
+            raise RuntimeError("key %d was already initialised" % key)
+        if key not in self._layout.chunks or tuple(value.shape) != self._layout.shapes[key]:
+            raise ValueError("key %d has shape %s, but the optimizer's param_dict says %s"
+                             % (key, value.shape, self._layout.shapes.get(key)))
+        param = _Param(key, value, self._layout.chunks[key])
+        parts = param.parts(value)
+        self._kv.init([k for k, _ in parts], [v for _, v in parts])
+        if self._mirrors:
+            self._register_mirrors(param)
+        for (k, glob_part), outs_parts in zip(param.parts(param.glob),
+                                              zip(*[param.parts(o) for o in outs])):
+            self._kv.pull(k, out=[glob_part] + [p for _, p in outs_parts], priority=priority)
+        # a later push must not overtake this pull (MXNet orders them per array only)
+        for o in outs:
+            o.wait_to_read()
+        param.glob.wait_to_read()
+        self._params[key] = param
+        self._steps[key] = 0
+        self._rounds[key] = 0
+
+    def _mirror_size(self, chunk):
+        return chunk.size * self._state_per_element + MIRROR_TRAILER
+
+    def _register_mirrors(self, param):
+        base = self._layout.mirror_base
+        keys = [base + c.key for c in param.chunks]
+        zeros = [mx.nd.zeros((self._mirror_size(c),)) for c in param.chunks]
+        self._kv.init(keys, zeros)
+        self._dense_push(keys, zeros)
+        mx.nd.waitall()
+
+    def _dense_push(self, keys, values, priority=0):
+        if self._switch is not None:
+            with self._switch.dense():
+                self._kv.push(keys, values, priority=priority)
+        else:
+            self._kv.push(keys, values, priority=priority)
+
+    # -------------------------------------------------------------- pushpull
+    def pushpull(self, key, value, out=None, priority=0):
+        """One iteration of the algorithm for parameter ``key``.
+
+        Args:
+            key: the Trainer's parameter index (or a list of them).
+            value: the gradient on each device (list of NDArrays).
+            out: the parameter's data on each device; receives the weights the
+                next forward/backward uses.
+            priority: MXNet engine priority (gluon passes -index).
+        """
+        if out is None:
+            raise RuntimeError(
+                "kvstore '%s' needs update_on_kvstore=True: pushpull without out= "
+                "(gradient all-reduce) is not supported" % self.policy_class.name)
+        keys = key if isinstance(key, (list, tuple)) else [key]
+        if len(keys) != 1:
+            for k, v, o in zip(keys, value, out):
+                self.pushpull(k, v, o, priority)
+            return
+        key = keys[0]
+        grads = value if isinstance(value, (list, tuple)) else [value]
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        param = self._params.get(key)
+        if param is None:
+            raise RuntimeError("key %d was not initialised (broadcast) before pushpull" % key)
+        for g in grads:
+            self._check_array(key, g)
+        step = self._steps[key]
+        plan = self._policy.plan(step)
+
+        send = param.send
+        if len(grads) == 1:
+            grads[0].copyto(send)
+        else:
+            mx.nd.add_n(*[g.as_in_context(send.context) for g in grads], out=send)
+
+        if plan.local is not Local.NONE:
+            weights = outs[0]
+            if plan.local is Local.FROM_GLOBAL:
+                param.glob.copyto(weights)
+                self._local.step(key, weights, send)
+            else:
+                glu = self._policy.glu_weight
+                toward_sync = (param.glob - weights) * glu if glu else None
+                self._local.step(key, weights, send)
+                if toward_sync is not None:
+                    weights += toward_sync
+            for other in outs[1:]:
+                weights.copyto(other)
+            if plan.payload is Payload.MODEL_DELTA:
+                mx.nd.elemwise_sub(param.glob, weights, out=send)
+
+        if plan.push is not Push.NONE:
+            parts = param.parts(send)
+            keys_, vals = [k for k, _ in parts], [v for _, v in parts]
+            if plan.push is Push.DENSE:
+                self._dense_push(keys_, vals, priority)
+            else:
+                self._kv.push(keys_, vals, priority=priority)
+            self._rounds[key] += 1
+
+        if plan.pull is Pull.SYNC:
+            targets = [param.glob] + list(outs)
+        elif plan.pull is Pull.BACKGROUND:
+            targets = [param.glob]
+        else:
+            targets = []
+        if targets:
+            for chunk_parts in zip(*[param.parts(t) for t in targets]):
+                self._kv.pull(chunk_parts[0][0], out=[p for _, p in chunk_parts],
+                              priority=priority)
+        self._steps[key] = step + 1
+
+    # ----------------------------------------------------------- save / load
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        """Write this worker's resumable state to ``fname``.
+
+        Saved: the per-parameter iteration counters, the local optimizer's
+        state, and the servers' optimizer state (read back from the state
+        mirrors).  Not saved: MXNet's 2-bit residual, which MXNet keeps out of
+        reach; a resumed run starts it from zero.
+        """
+        if self._optimizer is None:
+            raise RuntimeError("nothing to save before the first trainer.step()")
+        server = {}
+        if self._mirrors:
+            base = self._layout.mirror_base
+            for index, param in self._params.items():
+                for chunk in param.chunks:
+                    buf = mx.nd.zeros((self._mirror_size(chunk),))
+                    self._kv.pull(base + chunk.key, out=buf)
+                    server[chunk.key] = buf
+            server = {k: v.asnumpy()[:-MIRROR_TRAILER] for k, v in server.items()}
+        blob = {
+            "format": _STATES_FORMAT,
+            "algorithm": self.policy_class.name,
+            "steps": dict(self._steps),
+            "rounds": dict(self._rounds),
+            "local": self._local.get_states() if self._local is not None else None,
+            "server": server if self._mirrors else None,
+            "optimizer": self._optimizer if dump_optimizer else None,
+        }
+        with open(fname, "wb") as f:
+            pickle.dump(blob, f)
+
+    def load_optimizer_states(self, fname):
+        """Restore a file written by :meth:`save_optimizer_states`.
+
+        Collective: every worker must call it (gluon's ``trainer.load_states``),
+        after the parameters were loaded.  Rank 0's file provides the servers'
+        state; each worker's own file provides its counters and local state.
+        """
+        if self._optimizer is None:
+            raise RuntimeError("load_states needs the store initialised (trainer.step or "
+                               "trainer.load_states initialise it)")
+        with open(fname, "rb") as f:
+            blob = pickle.load(f)
+        if not isinstance(blob, dict) or blob.get("format") != _STATES_FORMAT:
+            raise ValueError("%s is not a states file written by mxnet-cpsgd" % fname)
+        if blob["algorithm"] != self.policy_class.name:
+            raise ValueError("%s holds the state of kvstore '%s', not '%s'"
+                             % (fname, blob["algorithm"], self.policy_class.name))
+        if set(blob["steps"]) != set(self._params):
+            raise ValueError("%s is for a model with parameters %s, this one has %s"
+                             % (fname, sorted(blob["steps"]), sorted(self._params)))
+        self._steps = dict(blob["steps"])
+        self._rounds = dict(blob["rounds"])
+        if self._local is not None and blob["local"] is not None:
+            self._local.set_states(blob["local"])
+        if self._mirrors:
+            if blob["server"] is None:
+                raise ValueError("%s has no server optimizer state" % fname)
+            self._load_server_state(blob["server"])
+
+    def _load_server_state(self, server):
+        base = self._layout.mirror_base
+        leader = self._kv.rank == 0
+        keys, values = [], []
+        for index, param in sorted(self._params.items()):
+            for chunk in param.chunks:
+                payload = np.zeros(self._mirror_size(chunk), dtype=np.float32)
+                if leader:
+                    state = server[chunk.key]
+                    if state.size != payload.size - MIRROR_TRAILER:
+                        raise ValueError("saved server state of key %d has %d elements, "
+                                         "expected %d" % (chunk.key, state.size,
+                                                          payload.size - MIRROR_TRAILER))
+                    payload[:-MIRROR_TRAILER] = state
+                    payload[-2] = self._rounds[index]
+                    payload[-1] = 1.0
+                keys.append(base + chunk.key)
+                values.append(mx.nd.array(payload))
+        self._dense_push(keys, values)
+        mx.nd.waitall()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv, installs the project with its test extra (and the Horovod extra,
+# which must be built without build isolation), and runs the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -m venv .venv
+.venv/bin/pip install -q --upgrade pip wheel setuptools
+.venv/bin/pip install -q '.[test]'
+# Fashion-MNIST for the real-data tests (Debian package; tests skip without it)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
+        || echo "note: dataset-fashion-mnist not installed; its tests will be skipped"
+fi
+if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet' 2>/dev/null; then
+    HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+        .venv/bin/pip install -q --no-build-isolation --no-cache-dir '.[horovod]'
+fi
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
