@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional
 
 ENV_PREFIX = "MXNET_CPSGD_"
+# MXNET_CPSGD_* variables that are not algorithm knobs (set by the launcher and scripts)
+NON_KNOB_ENV = ("algorithm", "worker_index")
 
 
 class ConfigError(ValueError):
@@ -144,7 +146,7 @@ def env_settings(environ=None):
         if not key.startswith(ENV_PREFIX):
             continue
         knob = key[len(ENV_PREFIX):].lower()
-        if knob in ("algorithm",):
+        if knob in NON_KNOB_ENV:
             continue
         if knob not in KNOBS:
             raise ConfigError("unknown environment variable %s; known: %s" % (

@@ -48,8 +48,8 @@ class KeyLayout:
 
     def __init__(self, shapes: Dict[int, Tuple[int, ...]], num_servers: int,
                  state_per_element: float, bound: int):
-        # largest chunk whose weight and whose state mirror both stay below the bound
-        limit = min(bound - 1, int((bound - 1 - MIRROR_TRAILER) / max(1.0, state_per_element)))
+        # largest chunk whose weight and whose mirror (state + weights) stay below the bound
+        limit = int((bound - 1 - MIRROR_TRAILER) / (1.0 + state_per_element))
         if limit < 1:
             raise ValueError("MXNET_KVSTORE_BIGARRAY_BOUND=%d is too small" % bound)
         self.limit = limit

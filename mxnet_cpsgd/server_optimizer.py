@@ -10,10 +10,13 @@ that, with stock servers and no extra command:
   the optimizer state of ``k`` (the state arrays are views into it), so a plain
   pull of the mirror key reads the current state at any time;
 * a push to the mirror key whose last element (summed over the round) is 1 writes
-  the pushed state into it: that is how a saved state is loaded.  A push whose
-  flag is 0 only registers the mirror (done once, when the key is initialized).
+  the pushed state into it and sets the weights of ``k`` to the pushed weights
+  just before the next update of ``k``: that is how a saved run is loaded.  A
+  push whose flag is 0 only registers the mirror (done once, when the key is
+  initialized).
 
-Mirror layout: ``[state elements..., update count, flag]`` (float32).
+Mirror layout (float32):
+``[state elements..., weights (load only)..., update count, weight count, flag]``.
 
 This module must be importable on the servers: servers of a job run the same
 Python environment as its workers.  A server unpickles it while ``import mxnet``
@@ -30,7 +33,7 @@ import traceback
 import numpy as np
 from mxnet.ndarray import NDArray
 
-MIRROR_TRAILER = 2  # update count, flag
+MIRROR_TRAILER = 3  # update count, weight count, flag
 
 
 def state_arrays(state):
@@ -91,6 +94,7 @@ class ServerOptimizer:
     def _reset(self):
         self._mirrors = {}
         self._loaded = set()
+        self._pending_weights = {}
 
     # MXNet's Updater reads these two attributes
     @property
@@ -136,6 +140,12 @@ class ServerOptimizer:
     def _update(self, index, weight, grad, state):
         first = index[0] if isinstance(index, (list, tuple)) else index
         if first < self.mirror_base:
+            if self._pending_weights:
+                pairs = zip(index, weight) if isinstance(index, (list, tuple)) \
+                    else [(index, weight)]
+                for i, w in pairs:
+                    if i in self._pending_weights:
+                        w[:] = self._pending_weights.pop(i)
             self.optimizer.update_multi_precision(index, weight, grad, state)
             return
         if isinstance(index, (list, tuple)):
@@ -147,10 +157,13 @@ class ServerOptimizer:
     def _mirror_push(self, key, mirror, pushed):
         self._mirrors[key] = mirror
         trailer = pushed[pushed.size - MIRROR_TRAILER:].asnumpy()
-        if trailer[1] < 0.5:
+        if trailer[2] < 0.5:
             return  # registration only
-        length = mirror.size - MIRROR_TRAILER
-        mirror[0:length] = pushed[0:length]
+        num_weights = int(round(float(trailer[1])))
+        num_state = mirror.size - MIRROR_TRAILER - num_weights
+        if num_state:
+            mirror[0:num_state] = pushed[0:num_state]
+        self._pending_weights[key] = pushed[num_state:num_state + num_weights].copy()
         count = int(round(float(trailer[0])))
         self.optimizer._index_update_count[key] = count
         self.optimizer.num_update = max(self.optimizer.num_update, count)

@@ -109,8 +109,9 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     def set_gradient_compression(self, compression_params):
         """Called by gluon.Trainer with its ``compression_params``: the algorithm's knobs."""
-        if self._kv is not None:
-            raise RuntimeError("set_gradient_compression must come before the store is used")
+        if self._optimizer is not None:
+            raise RuntimeError("set_gradient_compression must come before set_optimizer "
+                               "(gluon.Trainer calls them in that order)")
         if not isinstance(compression_params, dict):
             raise config_mod.ConfigError("compression_params must be a dict, got %r"
                                          % (compression_params,))
@@ -128,13 +129,16 @@ class PolicyStore(mx.kv.KVStoreBase):
                 % (self.policy_class.name,
                    "missing " + ", ".join(missing) if missing else
                    "DMLC_ROLE=%s" % os.environ.get("DMLC_ROLE")))
+        self._kv = mx.kv.create(self.policy_class.inner_kvstore)
+
+    def _configure(self):
+        """Fix the settings; compression must be on before the first key exists."""
+        self._start()
         self._policy = self.policy_class(self._config)
-        kv = mx.kv.create(self._policy.inner_kvstore)
         if self._policy.uses_compression:
-            switch = CompressionSwitch(kv)
+            switch = CompressionSwitch(self._kv)
             switch.enable(self._config.threshold)
             self._switch = switch
-        self._kv = kv
 
     # -------------------------------------------------------------- identity
     @property
@@ -160,9 +164,9 @@ class PolicyStore(mx.kv.KVStoreBase):
     # ------------------------------------------------------------- optimizer
     def set_optimizer(self, optimizer):
         """Send the algorithm's server optimizer to the servers and set up Opt_l."""
-        self._start()
         if self._optimizer is not None:
             raise RuntimeError("set_optimizer was already called on this store")
+        self._configure()
         shapes = {}
         for index, param in optimizer.param_dict.items():
             shape = param.shape
@@ -170,10 +174,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                 raise ValueError("parameter %s has no known shape; run a forward pass "
                                  "before the first trainer.step()" % param.name)
             shapes[index] = tuple(shape)
-        num_workers = self._kv.num_workers
-        chosen = self._policy.server_optimizer(optimizer, num_workers)
-        # a copy: the multipliers set below must not touch the Trainer's optimizer
-        server_opt = pickle.loads(pickle.dumps(chosen))
+        server_opt = self._server_optimizer(optimizer)
         probe_size = 8
         probe = server_opt.create_state_multi_precision(
             0, mx.nd.zeros((probe_size,), dtype=np.float32))
@@ -183,19 +184,32 @@ class PolicyStore(mx.kv.KVStoreBase):
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
                                  bigarray_bound())
+        self._adopt_optimizer(optimizer)
+
+    def _server_optimizer(self, optimizer):
+        chosen = self._policy.server_optimizer(optimizer, self._kv.num_workers)
+        # a copy: the multipliers set later must not touch the Trainer's optimizer
+        server_opt = pickle.loads(pickle.dumps(chosen))
+        server_opt.lr_mult_source = chosen is optimizer
+        return server_opt
+
+    def _adopt_optimizer(self, optimizer):
+        """Make ``optimizer`` the Trainer-side optimizer; send the servers theirs."""
+        server_opt = self._server_optimizer(optimizer)
+        # an optimizer of the policy's own (model averaging) ignores the multipliers
+        use_mults = server_opt.__dict__.pop("lr_mult_source")
         lr_mult, wd_mult = {}, {}
         for index, chunks in self._layout.chunks.items():
             param = optimizer.param_dict[index]
             for chunk in chunks:
-                # an optimizer of the policy's own (model averaging) ignores the multipliers
-                lr_mult[chunk.key] = param.lr_mult if chosen is optimizer else 1.0
-                wd_mult[chunk.key] = param.wd_mult if chosen is optimizer else 1.0
+                lr_mult[chunk.key] = param.lr_mult if use_mults else 1.0
+                wd_mult[chunk.key] = param.wd_mult if use_mults else 1.0
         self._kv.set_optimizer(ServerOptimizer(server_opt, lr_mult, wd_mult,
                                                self._layout.mirror_base))
         self._optimizer = optimizer
         self._updater = _UpdaterView(optimizer)
         if self._policy.uses_local_optimizer:
-            self._local = LocalOptimizer(optimizer, num_workers,
+            self._local = LocalOptimizer(optimizer, self._kv.num_workers,
                                          local_lr=self._config.local_lr,
                                          local_momentum=self._config.local_momentum)
 
@@ -235,6 +249,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             raise ValueError("key %d has shape %s, but the optimizer's param_dict says %s"
                              % (key, value.shape, self._layout.shapes.get(key)))
         param = _Param(key, value, self._layout.chunks[key])
+        param.weights = outs[0]  # the worker's weights L (restored by load_states)
         parts = param.parts(value)
         self._kv.init([k for k, _ in parts], [v for _, v in parts])
         if self._mirrors:
@@ -251,13 +266,15 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._rounds[key] = 0
 
     def _mirror_size(self, chunk):
-        return chunk.size * self._state_per_element + MIRROR_TRAILER
+        # [state, weights, trailer]: see server_optimizer
+        return chunk.size * (self._state_per_element + 1) + MIRROR_TRAILER
 
-    def _register_mirrors(self, param):
+    def _register_mirrors(self, param, init=True):
         base = self._layout.mirror_base
         keys = [base + c.key for c in param.chunks]
         zeros = [mx.nd.zeros((self._mirror_size(c),)) for c in param.chunks]
-        self._kv.init(keys, zeros)
+        if init:
+            self._kv.init(keys, zeros)
         self._dense_push(keys, zeros)
         mx.nd.waitall()
 
@@ -344,31 +361,48 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     # ----------------------------------------------------------- save / load
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        """Write this worker's resumable state to ``fname``.
+        """Write this worker's resumable state to ``fname`` (any worker, any time).
 
-        Saved: the per-parameter iteration counters, the local optimizer's
-        state, and the servers' optimizer state (read back from the state
-        mirrors).  Not saved: MXNet's 2-bit residual, which MXNet keeps out of
-        reach; a resumed run starts it from zero.
+        Saved: per-parameter iteration and round counters, this worker's
+        weights (local-update algorithms keep different weights per worker),
+        the newest global weights it holds, the local optimizer's state, and
+        the servers' weights and optimizer state (read back from the servers).
+        Not saved: MXNet's 2-bit residual, which MXNet keeps out of reach; a
+        resumed run starts it from zero.
         """
         if self._optimizer is None:
             raise RuntimeError("nothing to save before the first trainer.step()")
-        server = {}
-        if self._mirrors:
-            base = self._layout.mirror_base
-            for index, param in self._params.items():
-                for chunk in param.chunks:
-                    buf = mx.nd.zeros((self._mirror_size(chunk),))
-                    self._kv.pull(base + chunk.key, out=buf)
-                    server[chunk.key] = buf
-            server = {k: v.asnumpy()[:-MIRROR_TRAILER] for k, v in server.items()}
+        if not self._mirrors:
+            raise RuntimeError(
+                "kvstore '%s' cannot save the servers' optimizer state of %s: its state "
+                "is not float32 arrays" % (self.policy_class.name,
+                                          type(self._optimizer).__name__))
+        mx.nd.waitall()  # every issued round is complete on the servers
+        base = self._layout.mirror_base
+        params = {}
+        for index, param in self._params.items():
+            server_w = mx.nd.zeros(param.shape, ctx=param.glob.context, dtype=param.glob.dtype)
+            mirrors = []
+            for (k, part) in param.parts(server_w):
+                self._kv.pull(k, out=part)
+            for chunk in param.chunks:
+                buf = mx.nd.zeros((self._mirror_size(chunk),))
+                self._kv.pull(base + chunk.key, out=buf)
+                mirrors.append(buf)
+            params[index] = {
+                "weights": param.weights.asnumpy(),
+                "global": param.glob.asnumpy(),
+                "server_weights": server_w.asnumpy(),
+                "server_state": [m.asnumpy()[:c.size * self._state_per_element]
+                                 for m, c in zip(mirrors, param.chunks)],
+            }
         blob = {
             "format": _STATES_FORMAT,
             "algorithm": self.policy_class.name,
             "steps": dict(self._steps),
             "rounds": dict(self._rounds),
+            "params": params,
             "local": self._local.get_states() if self._local is not None else None,
-            "server": server if self._mirrors else None,
             "optimizer": self._optimizer if dump_optimizer else None,
         }
         with open(fname, "wb") as f:
@@ -377,9 +411,10 @@ class PolicyStore(mx.kv.KVStoreBase):
     def load_optimizer_states(self, fname):
         """Restore a file written by :meth:`save_optimizer_states`.
 
-        Collective: every worker must call it (gluon's ``trainer.load_states``),
-        after the parameters were loaded.  Rank 0's file provides the servers'
-        state; each worker's own file provides its counters and local state.
+        Collective: every worker must call it (gluon's ``trainer.load_states``)
+        with its own file.  Restores this worker's weights and counters and
+        local optimizer state; rank 0's file provides the servers' weights and
+        optimizer state, which the servers apply just before their next update.
         """
         if self._optimizer is None:
             raise RuntimeError("load_states needs the store initialised (trainer.step or "
@@ -391,33 +426,43 @@ class PolicyStore(mx.kv.KVStoreBase):
         if blob["algorithm"] != self.policy_class.name:
             raise ValueError("%s holds the state of kvstore '%s', not '%s'"
                              % (fname, blob["algorithm"], self.policy_class.name))
-        if set(blob["steps"]) != set(self._params):
-            raise ValueError("%s is for a model with parameters %s, this one has %s"
-                             % (fname, sorted(blob["steps"]), sorted(self._params)))
+        saved = blob["params"]
+        for index, param in self._params.items():
+            entry = saved.get(index)
+            if entry is None or entry["weights"].shape != tuple(param.shape):
+                raise ValueError("%s does not match this model: parameter %d %s"
+                                 % (fname, index, "missing" if entry is None else
+                                    "has shape %s, expected %s"
+                                    % (entry["weights"].shape, tuple(param.shape))))
+        mx.nd.waitall()
+        if blob["optimizer"] is not None:
+            # like MXNet's own Trainer.load_states: continue with the saved optimizer
+            # (its rescale_grad and counters); the servers get a fresh copy, and a new
+            # server optimizer needs its state mirrors registered again
+            loaded = blob["optimizer"]
+            loaded.param_dict = self._optimizer.param_dict
+            self._adopt_optimizer(loaded)
+            for param in self._params.values():
+                self._register_mirrors(param, init=False)
         self._steps = dict(blob["steps"])
         self._rounds = dict(blob["rounds"])
         if self._local is not None and blob["local"] is not None:
             self._local.set_states(blob["local"])
-        if self._mirrors:
-            if blob["server"] is None:
-                raise ValueError("%s has no server optimizer state" % fname)
-            self._load_server_state(blob["server"])
-
-    def _load_server_state(self, server):
-        base = self._layout.mirror_base
         leader = self._kv.rank == 0
+        base = self._layout.mirror_base
         keys, values = [], []
         for index, param in sorted(self._params.items()):
-            for chunk in param.chunks:
+            entry = saved[index]
+            param.glob[:] = entry["global"]
+            param.weights[:] = entry["weights"]
+            flat_w = entry["server_weights"].reshape(-1)
+            for chunk, state in zip(param.chunks, entry["server_state"]):
                 payload = np.zeros(self._mirror_size(chunk), dtype=np.float32)
                 if leader:
-                    state = server[chunk.key]
-                    if state.size != payload.size - MIRROR_TRAILER:
-                        raise ValueError("saved server state of key %d has %d elements, "
-                                         "expected %d" % (chunk.key, state.size,
-                                                          payload.size - MIRROR_TRAILER))
-                    payload[:-MIRROR_TRAILER] = state
-                    payload[-2] = self._rounds[index]
+                    payload[:state.size] = state
+                    payload[state.size:state.size + chunk.size] = flat_w[chunk.start:chunk.stop]
+                    payload[-3] = self._rounds[index]
+                    payload[-2] = chunk.size
                     payload[-1] = 1.0
                 keys.append(base + chunk.key)
                 values.append(mx.nd.array(payload))
