@@ -93,6 +93,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._rounds = {}
         self._updater = None
         self._state_per_element = 0
+        self._loaded_server_weights = {}  # index -> weights the servers apply next round
 
     # ------------------------------------------------------------------ setup
     def _resolve(self, params):
@@ -166,6 +167,15 @@ class PolicyStore(mx.kv.KVStoreBase):
         """Send the algorithm's server optimizer to the servers and set up Opt_l."""
         if self._optimizer is not None:
             raise RuntimeError("set_optimizer was already called on this store")
+        if self.policy_class.uses_compression:
+            # fail before joining the job: MXNet quantizes float32 only
+            for index, param in optimizer.param_dict.items():
+                if np.dtype(param.dtype) != np.float32:
+                    raise ValueError(
+                        "kvstore '%s' compresses gradients, which MXNet supports for "
+                        "float32 only; parameter %s is %s (use float32 parameters or "
+                        "kvstore='odsgd'/'ssgd')" % (self.policy_class.name, param.name,
+                                                     np.dtype(param.dtype).name))
         self._configure()
         shapes = {}
         for index, param in optimizer.param_dict.items():
@@ -346,6 +356,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             else:
                 self._kv.push(keys_, vals, priority=priority)
             self._rounds[key] += 1
+            self._loaded_server_weights.pop(key, None)
 
         if plan.pull is Pull.SYNC:
             targets = [param.glob] + list(outs)
@@ -383,8 +394,12 @@ class PolicyStore(mx.kv.KVStoreBase):
         for index, param in self._params.items():
             server_w = mx.nd.zeros(param.shape, ctx=param.glob.context, dtype=param.glob.dtype)
             mirrors = []
-            for (k, part) in param.parts(server_w):
-                self._kv.pull(k, out=part)
+            if index in self._loaded_server_weights:
+                # loaded but not applied yet: the servers apply it at their next update
+                server_w[:] = self._loaded_server_weights[index]
+            else:
+                for (k, part) in param.parts(server_w):
+                    self._kv.pull(k, out=part)
             for chunk in param.chunks:
                 buf = mx.nd.zeros((self._mirror_size(chunk),))
                 self._kv.pull(base + chunk.key, out=buf)
@@ -456,6 +471,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             param.glob[:] = entry["global"]
             param.weights[:] = entry["weights"]
             flat_w = entry["server_weights"].reshape(-1)
+            self._loaded_server_weights[index] = entry["server_weights"]
             for chunk, state in zip(param.chunks, entry["server_state"]):
                 payload = np.zeros(self._mirror_size(chunk), dtype=np.float32)
                 if leader:

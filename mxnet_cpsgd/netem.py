@@ -1,0 +1,485 @@
+"""Emulate a cluster network on one Linux machine (root only).
+
+Every node gets its own network namespace, joined to one bridge in the root
+namespace by a veth pair, with both directions of its link shaped by
+``tc ... tbf`` (the namespace end shapes what the node sends, the bridge end
+what it receives) and, when a delay is given, a ``netem`` delay on the
+namespace end, so that the one-way delay between any two nodes is DELAY.
+
+Nodes get addresses 198.18.0.10, 198.18.0.11, ... from 198.18.0.0/15 (the
+range reserved for benchmarks).  The bridge gets no address: nodes talk to
+each other at layer 2 only, so the root namespace's routing table is never
+touched and several jobs can use the same addresses at once on their own
+bridges.
+
+Every namespace and link gets the job's unique name prefix ``cpsgd`` + five
+hex digits; :meth:`EmulatedNetwork.close` removes exactly those (and kills any
+process still inside its namespaces).  It runs on leaving the ``with`` block,
+at interpreter exit (atexit) and on SIGTERM/SIGHUP (turned into
+``SystemExit`` while a network is up, unless the program has its own
+handler).  Only a SIGKILL of the owning process can leave anything behind;
+``python -m mxnet_cpsgd.netem --list`` / ``--cleanup`` finds and removes such
+leftovers.
+
+Example::
+
+    with EmulatedNetwork(2, "100mbit", delay="0.2ms") as net:
+        server = subprocess.Popen(net.nodes[0].wrap(["python", "srv.py"]))
+        ...
+"""
+import argparse
+import atexit
+import ipaddress
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set
+
+#: every name this module creates starts with this prefix + five hex digits
+NAME_PREFIX = "cpsgd"
+_NAME_RE = re.compile(r"^%s[0-9a-f]{5}" % NAME_PREFIX)
+_FIRST_ADDRESS = ipaddress.IPv4Address("198.18.0.10")
+_PREFIX_LEN = 16  # 198.18.0.0/16, inside the reserved 198.18.0.0/15
+#: interface names are at most 15 bytes: 10 (job) + 1 + up to 4 digits
+MAX_NODES = 1000
+
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
+_DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+# Networks that are set up and not yet closed, for the atexit/signal cleanup.
+_LIVE: Set["EmulatedNetwork"] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class NetemError(RuntimeError):
+    """Network emulation is unavailable, misconfigured, or a command failed."""
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """A parsed ``RATE[,DELAY]`` setting.
+
+    Args:
+        rate: rate in tc syntax, e.g. ``'100mbit'``.
+        rate_bps: the rate in bits per second.
+        delay: one-way delay in tc syntax (e.g. ``'0.2ms'``) or None.
+        delay_s: the delay in seconds (0 when None).
+    """
+    rate: str
+    rate_bps: float
+    delay: Optional[str] = None
+    delay_s: float = 0.0
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc rate such as ``'100mbit'`` (SI units, as tc).
+
+    Args:
+        text: the rate; units bit, kbit, mbit, gbit or tbit.
+
+    Raises:
+        NetemError: malformed or non-positive rate.
+    """
+    match = _RATE_RE.match(text.strip().lower())
+    if not match or float(match.group(1)) <= 0:
+        raise NetemError("bad rate %r: expected a positive number with unit "
+                         "bit, kbit, mbit, gbit or tbit, e.g. 100mbit" % text)
+    return float(match.group(1)) * _RATE_UNITS[match.group(2)]
+
+
+def parse_delay(text: str) -> float:
+    """Seconds of a tc time such as ``'0.2ms'``.
+
+    Args:
+        text: the delay; units us, ms or s.
+
+    Raises:
+        NetemError: malformed or negative delay.
+    """
+    match = _DELAY_RE.match(text.strip().lower())
+    if not match:
+        raise NetemError("bad delay %r: expected a number with unit us, ms "
+                         "or s, e.g. 0.2ms" % text)
+    return float(match.group(1)) * _DELAY_UNITS[match.group(2)]
+
+
+def parse_spec(text: str) -> NetworkSpec:
+    """Parse the launcher's ``--emulate-network RATE[,DELAY]`` value.
+
+    Args:
+        text: e.g. ``'100mbit'`` or ``'1gbit,0.2ms'``.
+
+    Raises:
+        NetemError: with a message naming the expected syntax.
+    """
+    parts = text.split(",")
+    if len(parts) not in (1, 2) or not parts[0].strip():
+        raise NetemError("bad --emulate-network value %r: expected RATE[,DELAY], "
+                         "e.g. 100mbit or 1gbit,0.2ms" % text)
+    rate = parts[0].strip().lower()
+    rate_bps = parse_rate(rate)
+    if len(parts) == 1:
+        return NetworkSpec(rate, rate_bps)
+    delay = parts[1].strip().lower()
+    return NetworkSpec(rate, rate_bps, delay, parse_delay(delay))
+
+
+def check_available() -> None:
+    """Fail clearly unless this process can build emulated networks.
+
+    Raises:
+        NetemError: not root, ``ip``/``tc`` missing, or ``ip netns`` unusable.
+    """
+    if os.geteuid() != 0:
+        raise NetemError("network emulation needs root (it creates network "
+                         "namespaces, a bridge and tc qdiscs)")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise NetemError("network emulation needs %s (package iproute2), not "
+                         "found on PATH" % " and ".join(missing))
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise NetemError("'ip netns list' failed: %s" % probe.stderr.strip())
+
+
+def _run(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run one ip/tc command; raise NetemError with its stderr when it fails."""
+    done = subprocess.run(list(args), capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise NetemError("%s failed: %s" % (" ".join(args), done.stderr.strip()))
+    return done
+
+
+@dataclass(frozen=True)
+class EmulatedNode:
+    """One node of an emulated network.
+
+    Args:
+        index: position in :attr:`EmulatedNetwork.nodes`.
+        netns: the network namespace's name.
+        address: the node's IPv4 address (on ``eth0`` inside the namespace).
+        host_link: the veth end on the bridge, in the root namespace.
+    """
+    index: int
+    netns: str
+    address: str
+    host_link: str
+
+    def wrap(self, cmd: Sequence[str]) -> List[str]:
+        """The command line that runs ``cmd`` inside this node's namespace.
+
+        Args:
+            cmd: program and arguments.
+        """
+        # ip netns exec execs the program, so the pid is the program's own.
+        return ["ip", "netns", "exec", self.netns] + list(cmd)
+
+
+def _new_job_name() -> str:
+    """A name prefix that no existing namespace or link uses."""
+    taken = leftovers()
+    used = {_NAME_RE.match(name).group(0) for name in taken["namespaces"] + taken["links"]}
+    while True:
+        name = NAME_PREFIX + secrets.token_hex(3)[:5]
+        if name not in used:
+            return name
+
+
+def _tbf_args(rate_bps: float, rate: str) -> List[str]:
+    """tbf settings: a burst of at least 64 KiB (one GSO packet) or 1 ms of
+    traffic, and a queue of 50 ms or 4 bursts, whichever is larger."""
+    rate_bytes = rate_bps / 8.0
+    burst = max(64 * 1024, int(rate_bytes * 1e-3))
+    limit = max(4 * burst, int(rate_bytes * 0.05))
+    return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
+
+
+class EmulatedNetwork:
+    """Namespaces joined by one bridge, with shaped links; a context manager.
+
+    Args:
+        num_nodes: how many nodes (namespaces), 1..1000.
+        rate: link rate in tc syntax for each direction of every node's link,
+            e.g. ``'100mbit'``.
+        delay: optional one-way delay between two nodes in tc syntax, e.g.
+            ``'0.2ms'`` (added as netem on each node's sending side).
+
+    Raises:
+        NetemError: bad arguments, or emulation unavailable (checked on enter).
+    """
+
+    def __init__(self, num_nodes: int, rate: str, delay: Optional[str] = None) -> None:
+        if not 1 <= num_nodes <= MAX_NODES:
+            raise NetemError("num_nodes must be in 1..%d, got %r" % (MAX_NODES, num_nodes))
+        self.rate = rate.strip().lower()
+        self.rate_bps = parse_rate(self.rate)
+        self.delay = delay.strip().lower() if delay else None
+        self.delay_s = parse_delay(self.delay) if self.delay else 0.0
+        self.num_nodes = num_nodes
+        self.name = ""
+        self.bridge = ""
+        self.nodes: List[EmulatedNode] = []
+        self._created_ns: List[str] = []
+        self._created_links: List[str] = []
+        self._old_handlers: Dict[int, object] = {}
+
+    @classmethod
+    def from_spec(cls, num_nodes: int, spec: NetworkSpec) -> "EmulatedNetwork":
+        """Build from a parsed ``RATE[,DELAY]``.
+
+        Args:
+            num_nodes: how many nodes.
+            spec: the result of :func:`parse_spec`.
+        """
+        return cls(num_nodes, spec.rate, spec.delay)
+
+    def __enter__(self) -> "EmulatedNetwork":
+        self.setup()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def setup(self) -> None:
+        """Create the bridge, namespaces, veth pairs and qdiscs.
+
+        On any failure everything created so far is removed again.
+
+        Raises:
+            NetemError: emulation unavailable or an ip/tc command failed.
+        """
+        check_available()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        self._install_signal_handlers()
+        try:
+            self.name = _new_job_name()
+            self.bridge = self.name + "br"
+            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            self._created_links.append(self.bridge)
+            _run(["ip", "link", "set", self.bridge, "up"])
+            if self.delay:
+                self._check_netem()
+            for index in range(self.num_nodes):
+                self.nodes.append(self._add_node(index))
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_netem(self) -> None:
+        # Probe on our own bridge: kernels built without CONFIG_NET_SCH_NETEM
+        # (like the sandbox VMs this project is tested on) cannot add delay.
+        probe = _run(["tc", "qdisc", "add", "dev", self.bridge, "root", "netem",
+                      "delay", self.delay], check=False)
+        if probe.returncode != 0:
+            raise NetemError("cannot emulate a delay of %s: the kernel refused a netem "
+                             "qdisc (%s); it is probably built without "
+                             "CONFIG_NET_SCH_NETEM. Give a rate only."
+                             % (self.delay, probe.stderr.strip()))
+        _run(["tc", "qdisc", "del", "dev", self.bridge, "root"])
+
+    def _add_node(self, index: int) -> EmulatedNode:
+        netns = "%s-%d" % (self.name, index)
+        host_link = "%sh%d" % (self.name, index)
+        address = str(_FIRST_ADDRESS + index)
+        _run(["ip", "netns", "add", netns])
+        self._created_ns.append(netns)
+        # Create the pair with its second end directly inside the namespace,
+        # named eth0 there, so the root namespace only ever sees host_link.
+        _run(["ip", "link", "add", host_link, "type", "veth",
+              "peer", "name", "eth0", "netns", netns])
+        self._created_links.append(host_link)
+        _run(["ip", "-n", netns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", netns, "addr", "add", "%s/%d" % (address, _PREFIX_LEN),
+              "dev", "eth0"])
+        _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+        _run(["ip", "link", "set", host_link, "master", self.bridge])
+        _run(["ip", "link", "set", host_link, "up"])
+        tbf = _tbf_args(self.rate_bps, self.rate)
+        # What the node receives: shaped where the bridge sends into its link.
+        _run(["tc", "qdisc", "add", "dev", host_link, "root"] + tbf)
+        # What the node sends: delay (netem) first, then the rate (tbf child),
+        # the layout the netem documentation gives for delay plus rate.
+        if self.delay:
+            packets = max(1000, math.ceil(self.rate_bps / 8 * self.delay_s / 1500 * 2))
+            _run(["tc", "-n", netns, "qdisc", "add", "dev", "eth0", "root", "handle",
+                  "1:", "netem", "delay", self.delay, "limit", str(packets)])
+            _run(["tc", "-n", netns, "qdisc", "add", "dev", "eth0", "parent", "1:1",
+                  "handle", "10:"] + tbf)
+        else:
+            _run(["tc", "-n", netns, "qdisc", "add", "dev", "eth0", "root"] + tbf)
+        return EmulatedNode(index, netns, address, host_link)
+
+    def close(self) -> None:
+        """Kill processes left in the namespaces, then delete every link and
+        namespace this network created (and nothing else).  Idempotent."""
+        for netns in self._created_ns:
+            kill_namespace_processes(netns)
+        errors = []
+        # Links first: deleting a namespace frees its veth only asynchronously.
+        for link in reversed(self._created_links):
+            done = _run(["ip", "link", "del", link], check=False)
+            if done.returncode != 0 and _link_exists(link):
+                errors.append(done.stderr.strip())
+        for netns in reversed(self._created_ns):
+            done = _run(["ip", "netns", "del", netns], check=False)
+            if done.returncode != 0 and netns in list_namespaces():
+                errors.append(done.stderr.strip())
+        self._created_links.clear()
+        self._created_ns.clear()
+        self._restore_signal_handlers()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if errors:
+            raise NetemError("cleanup of %s incomplete: %s" % (self.name, "; ".join(errors)))
+
+    def _install_signal_handlers(self) -> None:
+        # SIGTERM/SIGHUP would end the process without running atexit or
+        # ``finally``; turn them into SystemExit, but only where the program
+        # has not chosen its own handling (the launcher has).
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                self._old_handlers[signum] = signal.signal(signum, _exit_on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+        self._old_handlers.clear()
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def netem_available() -> bool:
+    """Whether this kernel can add a netem delay (probed in a scratch namespace).
+
+    Needs root and ``ip``/``tc`` (see :func:`check_available`).
+    """
+    check_available()
+    probe = _new_job_name() + "-probe"
+    _run(["ip", "netns", "add", probe])
+    try:
+        return _run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem",
+                     "delay", "1ms"], check=False).returncode == 0
+    finally:
+        _run(["ip", "netns", "del", probe], check=False)
+
+
+def _link_exists(name: str) -> bool:
+    return _run(["ip", "link", "show", "dev", name], check=False).returncode == 0
+
+
+def list_namespaces() -> List[str]:
+    """Names of all network namespaces (``ip netns list``)."""
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def kill_namespace_processes(netns: str) -> None:
+    """SIGKILL every process inside a namespace (``ip netns pids``).
+
+    Args:
+        netns: namespace name.
+    """
+    out = _run(["ip", "netns", "pids", netns], check=False).stdout
+    for pid in out.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def leftovers() -> Dict[str, List[str]]:
+    """Namespaces and root-namespace links whose names this module makes.
+
+    Returns:
+        ``{'namespaces': [...], 'links': [...]}`` (names matching
+        ``cpsgd`` + five hex digits), possibly of jobs still running.
+    """
+    out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    links = []
+    for line in out.splitlines():
+        # "12: cpsgd1a2b3h0@if2: <...>" -> "cpsgd1a2b3h0"
+        fields = line.split(":")
+        if len(fields) > 1:
+            name = fields[1].strip().split("@")[0]
+            if _NAME_RE.match(name):
+                links.append(name)
+    namespaces = [n for n in list_namespaces() if _NAME_RE.match(n)]
+    return {"namespaces": namespaces, "links": links}
+
+
+def remove_leftovers(namespaces: Sequence[str], links: Sequence[str]) -> None:
+    """Delete the given leftovers (processes inside namespaces are killed).
+
+    Only names made by this module are touched; others raise.
+
+    Args:
+        namespaces: namespace names, e.g. from :func:`leftovers`.
+        links: link names, e.g. from :func:`leftovers`.
+
+    Raises:
+        NetemError: a name this module would not have created.
+    """
+    for name in list(namespaces) + list(links):
+        if not _NAME_RE.match(name):
+            raise NetemError("refusing to remove %r: not created by %s" % (name, __name__))
+    for netns in namespaces:
+        kill_namespace_processes(netns)
+    for link in links:
+        _run(["ip", "link", "del", link], check=False)
+    for netns in namespaces:
+        _run(["ip", "netns", "del", netns], check=False)
+
+
+@atexit.register
+def _close_all() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for net in live:
+        try:
+            net.close()
+        except Exception as err:  # atexit: report, go on with the others
+            print("mxnet_cpsgd.netem: %s" % err, file=sys.stderr)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mxnet_cpsgd.netem --list|--cleanup``.
+
+    Args:
+        argv: arguments (default ``sys.argv[1:]``).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m mxnet_cpsgd.netem",
+        description="List or remove namespaces/links left by emulated networks "
+                    "(only after a launcher was SIGKILLed; --cleanup also "
+                    "removes those of jobs still running).")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--list", action="store_true", help="print leftovers")
+    group.add_argument("--cleanup", action="store_true", help="remove leftovers")
+    args = parser.parse_args(argv)
+    found = leftovers()
+    for kind in ("namespaces", "links"):
+        for name in found[kind]:
+            print("%s %s" % (kind[:-1], name))
+    if args.cleanup:
+        remove_leftovers(found["namespaces"], found["links"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Shared fixtures: real ps-lite jobs on loopback, started by mxnet_cpsgd.launch.
+
+``worker_job(script, *args, num_workers=2, ...)`` runs ``python tests/workers/<script>
+args...`` on every worker of a fresh job and returns the launcher's JobResult with
+four extra attributes:
+
+    seconds   wall time of run_job
+    port      the job's scheduler port (DMLC_PS_ROOT_PORT)
+    leftover  processes of the job still alive right after run_job returned
+              ("pid cmdline" strings); they are SIGKILLed before returning
+    text      the failure line and the output's tail, for assertion messages
+
+Every node of the job carries a unique CPSGD_TEST_JOB tag in its environment, so
+the leftover check (and cleanup) finds exactly this job's processes, on success,
+failure or exception alike.
+"""
+import os
+import re
+import signal
+import sys
+import time
+import uuid
+
+import pytest
+
+from mxnet_cpsgd.launch import run_job
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
+#: one thread per node keeps jobs small on a shared 2-core machine
+JOB_ENV = {"OMP_NUM_THREADS": "1"}
+TAG_VAR = "CPSGD_TEST_JOB"
+
+
+def _environ(pid):
+    try:
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def job_processes(tag=None, port=None):
+    """pids of live processes whose environment has CPSGD_TEST_JOB=tag or
+    DMLC_PS_ROOT_PORT=port (zombies excluded)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        env = _environ(pid)
+        if not env:
+            continue
+        if (tag is not None and env.get(TAG_VAR.encode()) == tag.encode()) or \
+                (port is not None and env.get(b"DMLC_PS_ROOT_PORT") == str(port).encode()):
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+            except OSError:
+                continue
+            found.append(int(pid))
+    return found
+
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _run(script, *args, num_workers=2, num_servers=1, env=None, timeout=20,
+         job_timeout=120):
+    tag = uuid.uuid4().hex
+    node_env = dict(JOB_ENV)
+    node_env.update(env or {})
+    node_env[TAG_VAR] = tag
+    command = [sys.executable, os.path.join(WORKERS_DIR, script)] + [str(a) for a in args]
+    started = time.monotonic()
+    result = None
+    try:
+        result = run_job(command, num_workers, num_servers, env=node_env, timeout=timeout,
+                         job_timeout=job_timeout, stream=None)
+        result.seconds = time.monotonic() - started
+        match = re.search(r"scheduler port (\d+)", result.output)
+        result.port = int(match.group(1)) if match else None
+        left = job_processes(tag, result.port)
+        result.leftover = ["%d %s" % (pid, _cmdline(pid)) for pid in left]
+        result.text = "job failure: %s\n--- output tail ---\n%s" % (
+            result.failure, result.output[-4000:])
+        return result
+    finally:
+        _kill(job_processes(tag, getattr(result, "port", None)))
+
+
+@pytest.fixture(scope="session")
+def python():
+    """The Python that runs the tests (and every node of a job)."""
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def worker_job():
+    """Run a script of tests/workers/ in a fresh job: see the module docstring."""
+    return _run
+

@@ -1,0 +1,141 @@
+"""Bad input must fail fast with an error that names the setting and what is allowed.
+
+Most cases need no job: tests/workers/bad_input_probe.py runs them one after the
+other in a subprocess whose DMLC_* variables point at a port where no scheduler
+listens.  A store that tried to join the job would block there, so every case has
+to raise before any connection is attempted; the subprocess runs under a timeout
+and a case that does not report an outcome in time counts as blocked.
+
+float16 parameters with cpsgd are only detected when the store sees the
+arrays (broadcast), which comes after it joined the job: that case runs in a real
+job (tests/workers/bad_input_worker.py) and must end the job quickly with the
+message.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from mxnet_cpsgd import config, launch
+from mxnet_cpsgd.policies import POLICIES
+
+WORKERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+PROBE_TIMEOUT_S = 90  # all cases together; a blocked case never returns
+
+CONFIG_ERROR = "ConfigError"
+CASES = {
+    # case name: (exception type name, substrings the message must contain)
+    "unknown_key": (CONFIG_ERROR, ["bogus_knob", "cpsgd", "correction_period", "threshold",
+                                   "warmup_steps"]),
+    "correction_period_0": (CONFIG_ERROR, ["correction_period", "integer >= 1", "got 0"]),
+    "correction_period_negative": (CONFIG_ERROR, ["correction_period", "integer >= 1",
+                                                  "got -1"]),
+    "correction_period_fraction": (CONFIG_ERROR, ["correction_period", "integer >= 1",
+                                                  "got 2.5"]),
+    "correction_period_text": (CONFIG_ERROR, ["correction_period", "integer >= 1", "'x'"]),
+    "threshold_0": (CONFIG_ERROR, ["threshold", "> 0"]),
+    "threshold_negative": (CONFIG_ERROR, ["threshold", "> 0", "-0.5"]),
+    "warmup_steps_negative": (CONFIG_ERROR, ["warmup_steps", ">= 0", "-1"]),
+    "compression_type_not_2bit": (CONFIG_ERROR, ["type", "'2bit'", "1bit"]),
+    "knob_not_used_by_algorithm": (CONFIG_ERROR, ["threshold", "not used", "odsgd",
+                                                  "warmup_steps"]),
+    "create_with_bad_config": (CONFIG_ERROR, ["correction_period", "integer >= 1"]),
+    "env_correction_period_0": (CONFIG_ERROR, ["MXNET_CPSGD_CORRECTION_PERIOD",
+                                               "integer >= 1"]),
+    "env_unknown_variable": (CONFIG_ERROR, ["MXNET_CPSGD_TYPO", "MXNET_CPSGD_THRESHOLD",
+                                            "MXNET_CPSGD_CORRECTION_PERIOD"]),
+    "update_on_kvstore_false": (None, ["cpsgd", "update_on_kvstore=True"]),
+    "update_on_kvstore_env_0": (None, ["cpsgd", "MXNET_UPDATE_ON_KVSTORE"]),
+    # raised by gluon.Trainer itself; names the store class and sparse gradients
+    "sparse_gradients": (None, ["cpsgd", "sparse gradients"]),
+    "no_job": ("RuntimeError", ["cpsgd", "python -m mxnet_cpsgd.launch", "DMLC_ROLE"]),
+    "unsupported_build_check": ("UnsupportedBuildError", ["1.9.0", "need 1.9.1"]),
+    "unsupported_build_switch": ("UnsupportedBuildError", ["1.9.0", "need 1.9.1"]),
+}
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def probe(python):
+    """Run every case in one subprocess; returns (outcomes, stderr, seconds, timed_out)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", config.ENV_PREFIX))}
+    env.update(DMLC_ROLE="worker", DMLC_PS_ROOT_URI="127.0.0.1",
+               DMLC_PS_ROOT_PORT=str(_free_port()), DMLC_NUM_SERVER="1",
+               DMLC_NUM_WORKER="2", DMLC_NODE_HOST="127.0.0.1", OMP_NUM_THREADS="1",
+               PS_VERBOSE="0")
+    started = time.monotonic()
+    proc = subprocess.Popen([python, os.path.join(WORKERS_DIR, "bad_input_probe.py")]
+                            + list(CASES), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    outcomes = {}
+    for line in out.decode(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "raised" in record:
+            outcomes[record["case"]] = record
+    return outcomes, err.decode(errors="replace")[-3000:], time.monotonic() - started, timed_out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_fast_and_clearly(probe, case):
+    outcomes, stderr, seconds, timed_out = probe
+    if case not in outcomes:
+        blocked = [c for c in CASES if c not in outcomes][0]
+        pytest.fail("case %s got no outcome: %s (probe %s after %.0f s)\n%s"
+                    % (case, "it blocked instead of raising" if case == blocked else
+                       "case %s blocked before it" % blocked,
+                       "timed out" if timed_out else "ended", seconds, stderr))
+    outcome = outcomes[case]
+    expected_type, fragments = CASES[case]
+    assert outcome["raised"] is not None, "case %s raised nothing" % case
+    if expected_type is not None:
+        assert outcome["raised"] == expected_type, outcome
+    if outcome["raised"] == CONFIG_ERROR:
+        assert issubclass(config.ConfigError, ValueError)
+    missing = [f for f in fragments if f.lower() not in outcome["message"].lower()]
+    assert not missing, "message of %s lacks %s: %r" % (case, missing, outcome["message"])
+
+
+def test_float16_parameters_with_cpsgd_fail_the_job_clearly(worker_job):
+    """Compression needs float32 (MXNet's 2-bit quantizer); the dtype is only seen
+    at broadcast, after the store joined the job, so the job must end with the
+    message (not hang) and leave nothing behind."""
+    result = worker_job("bad_input_worker.py", "float16", job_timeout=60)
+    assert result.returncode != 0, result.text
+    assert result.seconds < 60, result.text
+    assert "compresses gradients" in result.output and "float32 only" in result.output \
+        and "float16" in result.output, result.text
+    assert "job timeout" not in (result.failure or ""), result.text
+    assert not result.leftover, result.leftover
+
+
+def test_launcher_worker_index_is_not_taken_for_a_knob():
+    """Regression: mxnet_cpsgd.launch sets MXNET_CPSGD_WORKER_INDEX on every worker;
+    the strict check of MXNET_CPSGD_* variables once rejected it, failing every
+    store created in a job started by the project's own launcher."""
+    environ = {launch.WORKER_INDEX_ENV: "0"}
+    for name, policy in POLICIES.items():
+        config.resolve(name, policy.defaults, {}, environ)

@@ -1,0 +1,369 @@
+"""mxnet_cpsgd.netem: real namespaces, veth pairs, a bridge and tbf (root only).
+
+Each test checks, and afterwards removes, only the namespaces/links of the
+networks it created itself (found by their job name), so a job running beside
+the tests is neither disturbed nor blamed.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+from mxnet_cpsgd import netem
+from mxnet_cpsgd.launch import run_job
+
+try:  # a generous per-test bound where pytest-timeout is installed
+    import pytest_timeout  # noqa: F401
+    pytestmark = [pytest.mark.timeout(180)]
+except ImportError:
+    pytestmark = []
+
+
+def _netns_unavailable():
+    try:
+        netem.check_available()
+    except netem.NetemError as err:
+        return str(err)
+    return None
+
+
+_REASON = _netns_unavailable()
+needs_netns = pytest.mark.skipif(_REASON is not None,
+                                 reason="network emulation unavailable: %s" % _REASON)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK_VAR = "NETEM_TEST_MARK"
+NODE_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
+
+# Receiver: listen on its address, count bytes from the first to the last.
+RECEIVER = r"""
+import socket, sys, time
+address, nbytes = sys.argv[1], int(sys.argv[2])
+server = socket.socket()
+server.bind((address, 5001))
+server.listen(1)
+server.settimeout(20)
+print("listening", flush=True)
+conn, _ = server.accept()
+conn.settimeout(20)
+got, first = 0, None
+while got < nbytes:
+    data = conn.recv(1 << 16)
+    if not data:
+        break
+    first = first or time.monotonic()
+    got += len(data)
+print("%d %.6f" % (got, time.monotonic() - first), flush=True)
+"""
+
+SENDER = r"""
+import socket, sys
+conn = socket.create_connection((sys.argv[1], 5001), timeout=20)
+conn.sendall(b"x" * int(sys.argv[2]))
+conn.close()
+"""
+
+# Sets up a network, starts a sleeper inside node 0, reports both, then waits
+# for the signal the test sends.
+HOLDER = r"""
+import subprocess, sys, time
+from mxnet_cpsgd import netem
+with netem.EmulatedNetwork(2, "100mbit") as net:
+    sleeper = subprocess.Popen(net.nodes[0].wrap(["sleep", "300"]))
+    print(net.name, sleeper.pid, flush=True)
+    time.sleep(300)
+"""
+
+KV_CHECK = r"""
+import os, mxnet as mx
+kv = mx.kv.create('dist_sync')
+kv.init(3, mx.nd.ones((2, 3)))
+mx.nd.waitall()
+kv._barrier()
+kv.push(3, mx.nd.ones((2, 3)) * (kv.rank + 1))
+out = mx.nd.zeros((2, 3))
+kv.pull(3, out=out)
+assert (out.asnumpy() == 1).all(), out.asnumpy()
+print("sum ok on %s via %s" % (os.environ["DMLC_NODE_HOST"], os.environ["DMLC_PS_ROOT_URI"]))
+"""
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
+
+
+def leftovers_of(name):
+    """This job's namespaces and links still present."""
+    found = netem.leftovers()
+    return [n for n in found["namespaces"] + found["links"] if n.startswith(name)]
+
+
+def remove_job(name):
+    found = netem.leftovers()
+    netem.remove_leftovers([n for n in found["namespaces"] if n.startswith(name)],
+                           [n for n in found["links"] if n.startswith(name)])
+
+
+def job_name(output):
+    match = re.search(r"emulated network (cpsgd[0-9a-f]{5})", output)
+    return match.group(1) if match else None
+
+
+def marked_processes(mark):
+    """Live (non-zombie) pids whose environment holds NETEM_TEST_MARK=mark."""
+    needle = ("%s=%s" % (MARK_VAR, mark)).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open("/proc/%s/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture
+def mark():
+    """A unique mark; afterwards every marked process is SIGKILLed."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in marked_processes(value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def network():
+    """Factory of EmulatedNetworks that are closed (and checked) afterwards."""
+    made = []
+
+    def make(*args, **kwargs):
+        net = netem.EmulatedNetwork(*args, **kwargs)
+        made.append(net)
+        return net
+    yield make
+    for net in made:
+        try:
+            net.close()
+        finally:
+            if net.name:
+                remove_job(net.name)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("100mbit", netem.NetworkSpec("100mbit", 100e6)),
+    ("1gbit,0.2ms", netem.NetworkSpec("1gbit", 1e9, "0.2ms", 0.2e-3)),
+    (" 50MBit , 10us ", netem.NetworkSpec("50mbit", 50e6, "10us", 10e-6)),
+])
+def test_parse_spec(text, expected):
+    spec = netem.parse_spec(text)
+    assert (spec.rate, spec.delay) == (expected.rate, expected.delay)
+    assert spec.rate_bps == pytest.approx(expected.rate_bps)
+    assert spec.delay_s == pytest.approx(expected.delay_s)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "expected RATE"),
+    ("100", "bad rate"),
+    ("100mb", "bad rate"),
+    ("0mbit", "bad rate"),
+    ("fast", "bad rate"),
+    ("1gbit,0.2", "bad delay"),
+    ("1gbit,-1ms", "bad delay"),
+    ("1gbit,1ms,3", "expected RATE"),
+])
+def test_parse_spec_rejects(text, message):
+    with pytest.raises(netem.NetemError, match=message):
+        netem.parse_spec(text)
+
+
+@needs_netns
+def test_network_layout_and_cleanup(network):
+    net = network(3, "100mbit")
+    with net:
+        assert [n.address for n in net.nodes] == ["198.18.0.10", "198.18.0.11", "198.18.0.12"]
+        assert sorted(leftovers_of(net.name)) == sorted(
+            [net.bridge] + [n.netns for n in net.nodes] + [n.host_link for n in net.nodes])
+        for node in net.nodes:
+            lo = subprocess.run(["ip", "-n", node.netns, "-o", "link", "show", "lo"],
+                                capture_output=True, text=True, check=True).stdout
+            assert "LOWER_UP" in lo and ",UP" in lo
+            inner = subprocess.run(["tc", "-n", node.netns, "qdisc", "show", "dev", "eth0"],
+                                   capture_output=True, text=True, check=True).stdout
+            outer = subprocess.run(["tc", "qdisc", "show", "dev", node.host_link],
+                                   capture_output=True, text=True, check=True).stdout
+            assert "tbf" in inner and "rate 100Mbit" in inner
+            assert "tbf" in outer and "rate 100Mbit" in outer
+        # the bridge has no address: the root namespace's routes stay untouched
+        addr = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", net.bridge],
+                              capture_output=True, text=True, check=True).stdout
+        assert addr.strip() == ""
+    assert leftovers_of(net.name) == []
+
+
+@needs_netns
+def test_shaping_limits_throughput(network, tmp_path):
+    rate, nbytes = 50e6, 3_000_000
+    (tmp_path / "recv.py").write_text(RECEIVER)
+    (tmp_path / "send.py").write_text(SENDER)
+    with network(2, "50mbit") as net:
+        sender, receiver = net.nodes
+        recv = subprocess.Popen(receiver.wrap([sys.executable, str(tmp_path / "recv.py"),
+                                               receiver.address, str(nbytes)]),
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert recv.stdout.readline().strip() == "listening"
+            subprocess.run(sender.wrap([sys.executable, str(tmp_path / "send.py"),
+                                        receiver.address, str(nbytes)]),
+                           check=True, timeout=30)
+            got, seconds = recv.communicate(timeout=30)[0].split()
+        finally:
+            recv.kill()
+            recv.wait()
+    assert int(got) == nbytes
+    measured = nbytes * 8 / float(seconds)
+    assert measured <= 1.1 * rate, "measured %.1f Mbit/s" % (measured / 1e6)
+    # and it is shaping, not a broken link
+    assert measured >= 0.3 * rate, "measured %.1f Mbit/s" % (measured / 1e6)
+
+
+@needs_netns
+def test_cleanup_after_exception_kills_processes_inside(network):
+    net = network(2, "1gbit")
+    with pytest.raises(RuntimeError, match="boom"):
+        with net:
+            sleeper = subprocess.Popen(net.nodes[1].wrap(["sleep", "300"]))
+            raise RuntimeError("boom")
+    try:
+        assert sleeper.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+    assert leftovers_of(net.name) == []
+
+
+@needs_netns
+def test_delay_needs_netem(network):
+    if netem.netem_available():
+        with network(2, "1gbit", "1ms") as net:
+            inner = subprocess.run(["tc", "-n", net.nodes[0].netns, "qdisc", "show",
+                                    "dev", "eth0"], capture_output=True, text=True).stdout
+            assert "netem" in inner and "delay 1ms" in inner and "tbf" in inner
+    else:
+        net = network(2, "1gbit", "1ms")
+        with pytest.raises(netem.NetemError, match="CONFIG_NET_SCH_NETEM"):
+            net.setup()
+        assert leftovers_of(net.name) == []
+
+
+@needs_netns
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cleanup_after_signal(tmp_path, signum):
+    (tmp_path / "hold.py").write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, str(tmp_path / "hold.py")], cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=REPO),
+                              stdout=subprocess.PIPE, text=True)
+    name, sleeper = None, None
+    try:
+        fields = holder.stdout.readline().split()
+        name, sleeper = fields[0], int(fields[1])
+        assert leftovers_of(name)
+        holder.send_signal(signum)
+        assert holder.wait(timeout=15) != 0
+        assert leftovers_of(name) == []
+        assert not pid_alive(sleeper)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        if name:
+            remove_job(name)
+        if sleeper and pid_alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+@needs_netns
+def test_mxnet_job_under_emulation(tmp_path, mark):
+    (tmp_path / "kv.py").write_text(KV_CHECK)
+    result = None
+    try:
+        result = run_job([sys.executable, str(tmp_path / "kv.py")], 1, 1,
+                         env=dict(NODE_ENV, **{MARK_VAR: mark}), timeout=20, job_timeout=150,
+                         emulate_network="1gbit", stream=None)
+        assert result.returncode == 0, result.output
+        assert "[worker 0] sum ok on 198.18.0.12 via 198.18.0.10" in result.output
+        assert leftovers_of(job_name(result.output)) == []
+        assert marked_processes(mark) == []
+    finally:
+        if result is not None and job_name(result.output):
+            remove_job(job_name(result.output))
+
+
+@needs_netns
+def test_failed_job_under_emulation_cleans_up(mark):
+    result = None
+    try:
+        result = run_job([sys.executable, "-c", "import sys; sys.exit(4)"], 1, 1,
+                         env={MARK_VAR: mark}, timeout=10, emulate_network="100mbit",
+                         stream=None)
+        assert result.returncode == 4
+        assert result.failure == "worker 0 exited with code 4; stopping the job"
+        assert leftovers_of(job_name(result.output)) == []
+        assert marked_processes(mark) == []
+    finally:
+        if result is not None and job_name(result.output):
+            remove_job(job_name(result.output))
+
+
+@needs_netns
+def test_interrupted_launcher_under_emulation_cleans_up(mark):
+    env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1", "--timeout", "10",
+         "--emulate-network", "100mbit", "--", sys.executable, "-c", SLEEPER],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, up = [], threading.Event()
+
+    def read():
+        for line in launcher.stdout:
+            lines.append(line)
+            if sum("] up" in seen for seen in lines) == 2:
+                up.set()
+    threading.Thread(target=read, daemon=True).start()
+    name = None
+    try:
+        assert up.wait(60), "".join(lines)
+        name = job_name("".join(lines))
+        assert leftovers_of(name)
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(timeout=15) == 130
+        assert leftovers_of(name) == []
+        assert marked_processes(mark) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        if name:
+            remove_job(name)
