@@ -1,0 +1,408 @@
+"""Independent numpy reference of every algorithm's update rule (float64).
+
+Written from the rules in docs / shared notes (algorithms.md), not from the
+store's code.  Notation: M workers, iteration ``t`` counted from 0 (warm-up
+included), per-worker batch ``B`` passed to ``trainer.step(B)`` so the Trainer's
+``rescale_grad`` is ``r = 1/B``; ``g_t^i`` is worker i's gradient (summed over its
+batch) at its current weights ``L_t^i``; ``W_t`` are the servers' weights before
+round ``t``.
+
+MXNet SGD (:class:`SGD`)::
+
+    momentum mu > 0:  m <- mu*m - lr*(rescale*g + wd*w);  w <- w + m
+    momentum 0:       w <- w - lr*(rescale*g + wd*w)
+
+Servers: ``W_{t+1} = Opt_g(W_t, sum_i push_t^i)``, the Trainer's SGD (rescale r,
+its own momentum state), once per round.
+
+Local optimizer ``Opt_l``: SGD with the Trainer's lr/momentum/wd (``local_lr`` /
+``local_momentum`` override), rescale ``r*M``, its own momentum state per worker
+(zero at the first local step, kept across iterations).
+
+2-bit quantizer ``Q`` (threshold tau, residual per worker and parameter, starts at
+0 and persists): ``res += x``; out = +tau where res >= tau (res -= tau), -tau where
+res <= -tau (res += tau), else 0.
+
+Algorithms (what ``simulate`` does per iteration t):
+  ssgd:     push g dense; L_{t+1} = W_{t+1}.
+  bitsgd:   push Q(g); L_{t+1} = W_{t+1}.
+  odsgd:    t < warmup: as ssgd.  Else push g dense and L_{t+1} = Opt_l(W_t, g_t^i).
+  cpsgd:    as odsgd, but after warm-up the push is Q(g) unless
+            t % correction_period == 0 (then dense g, residual untouched); warm-up
+            pushes are dense and do not touch the residual.
+  ssdsgd:   warm-up as ssgd (W_sync = W_{t+1}); after: push g dense every round;
+            t % sync_period == 0: L_{t+1} = W_sync = W_{t+1};
+            else L_{t+1} = Opt_l(L_t, g) + glu_weight * (W_sync - L_t).
+            The initial weights count as the first W_sync.
+  localsgd: L <- Opt_l(L, g) every iteration; if (t+1) % sync_period == 0 each worker
+            pushes W_sync - L, servers run SGD(lr 1, no momentum, wd 0, rescale 1/M):
+            W <- W - (1/M) * sum_i (W_sync - L_i); everybody pulls: L = W_sync = W.
+  asgd:     no deterministic order; see ``asgd_linear_final``.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+ALGORITHMS = ("ssgd", "bitsgd", "odsgd", "cpsgd", "ssdsgd", "localsgd")
+
+# knobs each algorithm accepts, with the documented defaults
+DEFAULTS = {
+    "ssgd": {},
+    "bitsgd": {"threshold": 0.5},
+    "odsgd": {"warmup_steps": 1000, "local_lr": None, "local_momentum": None},
+    "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
+              "local_lr": None, "local_momentum": None},
+    "ssdsgd": {"warmup_steps": 500, "sync_period": 5, "glu_weight": 0.5,
+               "local_lr": None, "local_momentum": None},
+    "localsgd": {"sync_period": 5, "local_lr": None, "local_momentum": None},
+}
+
+Weights = Dict[str, np.ndarray]
+
+
+# --------------------------------------------------------------------- optimizer
+class SGD:
+    """MXNet's SGD with its own momentum state (one array per parameter name)."""
+
+    def __init__(self, lr, momentum=0.0, wd=0.0, rescale=1.0):
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.wd = float(wd)
+        self.rescale = float(rescale)
+        self.state = {}
+
+    def step(self, name, w, g):
+        """Return the new weights; updates the momentum state of ``name``."""
+        w = np.asarray(w, np.float64)
+        g = np.asarray(g, np.float64)
+        direction = self.rescale * g + self.wd * w
+        if self.momentum > 0:
+            m = self.state.get(name)
+            if m is None:
+                m = np.zeros_like(w)
+            m = self.momentum * m - self.lr * direction
+            self.state[name] = m
+            return w + m
+        return w - self.lr * direction
+
+    def step_all(self, weights, grads):
+        return {n: self.step(n, weights[n], grads[n]) for n in weights}
+
+
+# --------------------------------------------------------------------- quantizer
+class TwoBitQuantizer:
+    """MXNet's 2-bit quantizer with a persistent residual per parameter name.
+
+    Also keeps statistics: how many outputs were 0 / +tau / -tau, and the
+    smallest distance of a residual to +-tau seen when deciding (a tiny margin
+    means float32 rounding in MXNet could legitimately decide the other way).
+    """
+
+    def __init__(self, threshold):
+        self.tau = float(threshold)
+        self.residual = {}
+        self.counts = {"zero": 0, "pos": 0, "neg": 0}
+        self.min_margin = np.inf
+        self.calls = 0
+
+    def __call__(self, name, x):
+        x = np.asarray(x, np.float64)
+        res = self.residual.get(name)
+        if res is None:
+            res = np.zeros_like(x)
+        res = res + x
+        tau = self.tau
+        out = np.zeros_like(x)
+        pos = res >= tau
+        neg = res <= -tau
+        out[pos] = tau
+        out[neg] = -tau
+        if res.size:
+            margin = np.minimum(np.abs(res - tau), np.abs(res + tau))
+            # elements whose residual and input are exactly 0 cannot flip
+            live = (res != 0)
+            if live.any():
+                self.min_margin = min(self.min_margin, float(margin[live].min()))
+        res = res - out
+        self.residual[name] = res
+        self.counts["pos"] += int(pos.sum())
+        self.counts["neg"] += int(neg.sum())
+        self.counts["zero"] += int(x.size - pos.sum() - neg.sum())
+        self.calls += 1
+        return out
+
+
+# --------------------------------------------------------------------- simulation
+@dataclass
+class Trajectory:
+    """Result of :func:`simulate`.
+
+    local[t][i]: worker i's weights before iteration t (t = 0..iterations), i.e.
+        local[t+1][i] is L_{t+1}^i, what the worker holds after step t.
+    server[t]: the servers' weights W_t before round t (t = 0..iterations).
+    push_kind[t]: 'dense', 'compressed', 'delta' or None (nothing pushed).
+    quantizers[i]: worker i's TwoBitQuantizer (compressing algorithms).
+    residual_abs[t]: sum over workers and elements of |residual| after iteration t.
+    """
+    local: List[List[Weights]] = field(default_factory=list)
+    server: List[Weights] = field(default_factory=list)
+    push_kind: List[Optional[str]] = field(default_factory=list)
+    quantizers: List[TwoBitQuantizer] = field(default_factory=list)
+    residual_abs: List[float] = field(default_factory=list)
+
+    def quant_counts(self):
+        total = {"zero": 0, "pos": 0, "neg": 0}
+        for q in self.quantizers:
+            for k, v in q.counts.items():
+                total[k] += v
+        return total
+
+    def min_margin(self):
+        return min([q.min_margin for q in self.quantizers] or [np.inf])
+
+
+def _copy(weights):
+    return {n: np.array(a, np.float64) for n, a in weights.items()}
+
+
+def _lin(a, b, ca=1.0, cb=1.0):
+    return {n: ca * a[n] + cb * b[n] for n in a}
+
+
+def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights], Weights],
+             num_workers: int, iterations: int, batch: int, lr: float,
+             momentum: float = 0.0, wd: float = 0.0, knobs: Optional[dict] = None
+             ) -> Trajectory:
+    """Run ``algorithm`` on M simulated workers and servers.
+
+    Args:
+        algorithm: one of ALGORITHMS.
+        w0: initial weights (rank 0's, broadcast to everybody).
+        grad_fn: ``grad_fn(i, t, L)`` -> gradients (summed over the batch) of worker
+            i at iteration t; ``L`` is the reference's own L_t^i.  A test may ignore
+            ``L`` and return the gradient at the weights the real worker recorded
+            ("teacher forcing"), which checks each step's rule in isolation.
+        num_workers: M.
+        iterations: number of iterations.
+        batch: B passed to trainer.step (rescale r = 1/B).
+        lr, momentum, wd: the Trainer's SGD hyperparameters.
+        knobs: the store's knobs (compression_params).
+
+    Returns:
+        Trajectory
+    """
+    if algorithm not in DEFAULTS:
+        raise ValueError("unknown algorithm %r" % algorithm)
+    cfg = dict(DEFAULTS[algorithm])
+    for k, v in (knobs or {}).items():
+        if k == "type":
+            assert v == "2bit"
+            continue
+        if k not in cfg:
+            raise ValueError("%s does not take knob %r" % (algorithm, k))
+        cfg[k] = v
+    M = num_workers
+    r = 1.0 / batch
+    server_opt = SGD(lr, momentum, wd, rescale=r)
+    if algorithm == "localsgd":
+        server_opt = SGD(1.0, 0.0, 0.0, rescale=1.0 / M)
+    local_lr = cfg.get("local_lr") if cfg.get("local_lr") is not None else lr
+    local_mom = cfg.get("local_momentum") if cfg.get("local_momentum") is not None \
+        else momentum
+    local_opts = [SGD(local_lr, local_mom, wd, rescale=r * M) for _ in range(M)]
+    quantizers = [TwoBitQuantizer(cfg["threshold"]) for _ in range(M)] \
+        if "threshold" in cfg else []
+    warmup = cfg.get("warmup_steps") or 0
+
+    W = _copy(w0)
+    L = [_copy(w0) for _ in range(M)]
+    W_sync = [_copy(w0) for _ in range(M)]
+    traj = Trajectory(quantizers=quantizers)
+    traj.local.append([_copy(l) for l in L])
+    traj.server.append(_copy(W))
+
+    def server_round(pushes):
+        total = {n: sum(p[n] for p in pushes) for n in W}
+        return server_opt.step_all(W, total)
+
+    for t in range(iterations):
+        g = [{n: np.asarray(a, np.float64) for n, a in grad_fn(i, t, _copy(L[i])).items()}
+             for i in range(M)]
+        kind = "dense"
+        if algorithm == "ssgd" or (algorithm in ("odsgd", "cpsgd", "ssdsgd") and t < warmup):
+            W = server_round(g)
+            L = [_copy(W) for _ in range(M)]
+            W_sync = [_copy(W) for _ in range(M)]
+        elif algorithm == "bitsgd":
+            pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
+            kind = "compressed"
+            W = server_round(pushes)
+            L = [_copy(W) for _ in range(M)]
+        elif algorithm in ("odsgd", "cpsgd"):
+            if algorithm == "cpsgd" and t % cfg["correction_period"] != 0:
+                pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
+                kind = "compressed"
+            else:
+                pushes = g
+            # local step from the newest global weights the worker holds: W_t
+            L = [local_opts[i].step_all(W, g[i]) for i in range(M)]
+            W = server_round(pushes)
+        elif algorithm == "ssdsgd":
+            W = server_round(g)
+            if t % cfg["sync_period"] == 0:
+                L = [_copy(W) for _ in range(M)]
+                W_sync = [_copy(W) for _ in range(M)]
+            else:
+                glu = cfg["glu_weight"]
+                L = [_lin(local_opts[i].step_all(L[i], g[i]),
+                          _lin(W_sync[i], L[i], 1.0, -1.0), 1.0, glu) for i in range(M)]
+        elif algorithm == "localsgd":
+            L = [local_opts[i].step_all(L[i], g[i]) for i in range(M)]
+            if (t + 1) % cfg["sync_period"] == 0:
+                deltas = [_lin(W_sync[i], L[i], 1.0, -1.0) for i in range(M)]
+                W = server_round(deltas)
+                L = [_copy(W) for _ in range(M)]
+                W_sync = [_copy(W) for _ in range(M)]
+                kind = "delta"
+            else:
+                kind = None
+        else:  # pragma: no cover
+            raise AssertionError(algorithm)
+        traj.push_kind.append(kind)
+        traj.residual_abs.append(float(sum(np.abs(res).sum() for q in quantizers
+                                           for res in q.residual.values())))
+        traj.local.append([_copy(l) for l in L])
+        traj.server.append(_copy(W))
+    return traj
+
+
+def asgd_linear_final(w0: Weights, all_grads: List[Weights], lr: float, batch: int) -> Weights:
+    """A-SGD with plain SGD (no momentum, wd 0) and gradients that do not depend
+    on the weights: whatever the order, applying every push exactly once gives
+    W0 - lr * (1/B) * sum of all pushes."""
+    out = _copy(w0)
+    for g in all_grads:
+        for n in out:
+            out[n] = out[n] - lr * (1.0 / batch) * np.asarray(g[n], np.float64)
+    return out
+
+
+# --------------------------------------------------------------------- models
+def mlp_forward(x, p, prefix):
+    """tanh MLP of record_weights.py; returns (hidden, out)."""
+    h = np.tanh(x.dot(p[prefix + "hid_weight"].T) + p[prefix + "hid_bias"])
+    out = h.dot(p[prefix + "out_weight"].T) + p[prefix + "out_bias"]
+    return h, out
+
+
+def head_param_names(index, head):
+    prefix = "h%d_" % index
+    if head["kind"] == "linear":
+        return [prefix + "out_weight", prefix + "out_bias"]
+    return [prefix + "hid_weight", prefix + "hid_bias", prefix + "out_weight",
+            prefix + "out_bias"]
+
+
+def head_output(index, head, p, x):
+    x = np.asarray(x, np.float64)
+    prefix = "h%d_" % index
+    if head["kind"] == "linear":
+        return x.dot(p[prefix + "out_weight"].T) + p[prefix + "out_bias"]
+    return mlp_forward(x, p, prefix)[1]
+
+
+def head_loss(index, head, p, x, y):
+    """Loss of record_weights.py summed over the batch."""
+    out = head_output(index, head, p, x)
+    y = np.asarray(y, np.float64)
+    if head.get("loss", "squared") == "squared":
+        return 0.5 * float(((out - y) ** 2).sum())
+    return float((out * y).sum())
+
+
+def head_grad(index, head, p, x, y):
+    """Exact gradient (summed over the batch) of one head's loss, float64."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    p = {n: np.asarray(a, np.float64) for n, a in p.items()}
+    prefix = "h%d_" % index
+    loss = head.get("loss", "squared")
+    if head["kind"] == "linear":
+        out = x.dot(p[prefix + "out_weight"].T) + p[prefix + "out_bias"]
+        dout = (out - y) if loss == "squared" else y
+        return {prefix + "out_weight": dout.T.dot(x), prefix + "out_bias": dout.sum(0)}
+    h, out = mlp_forward(x, p, prefix)
+    dout = (out - y) if loss == "squared" else y
+    dh = dout.dot(p[prefix + "out_weight"]) * (1.0 - h * h)
+    return {prefix + "out_weight": dout.T.dot(h), prefix + "out_bias": dout.sum(0),
+            prefix + "hid_weight": dh.T.dot(x), prefix + "hid_bias": dh.sum(0)}
+
+
+def model_grad(heads, p, batches):
+    """Gradient of the summed loss of all heads; batches[h] = (x, y)."""
+    g = {}
+    for index, head in enumerate(heads):
+        x, y = batches[index]
+        g.update(head_grad(index, head, p, x, y))
+    return g
+
+
+# --------------------------------------------------------------------- comparison
+def describe_diff(actual, expected, rtol, atol):
+    """One line about the worst element of ``actual`` vs ``expected``."""
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    err = np.abs(actual - expected)
+    excess = err - (atol + rtol * np.abs(expected))
+    idx = np.unravel_index(int(np.argmax(excess)), excess.shape) if excess.size else ()
+    bad = int((excess > 0).sum())
+    return ("%d of %d elements off; worst at %s: got %.9g, expected %.9g (|diff| %.3g); "
+            "max |diff| %.3g" % (bad, err.size, tuple(int(i) for i in idx),
+                                 actual[idx] if err.size else np.nan,
+                                 expected[idx] if err.size else np.nan,
+                                 err[idx] if err.size else np.nan,
+                                 err.max() if err.size else 0.0))
+
+
+def compare_trajectories(recorded, expected, num_workers, iterations, params,
+                         rtol=1e-5, atol=1e-6, labels=None, max_lines=12):
+    """Compare recorded(i, t) with expected(i, t) (dicts param -> array) for all
+    workers i and t = 0..iterations.
+
+    Returns:
+        (ok, message): ``message`` names the first mismatching (iteration, worker,
+        parameter) with the worst element, lists further mismatches, and ends with
+        the largest |diff| per iteration over all workers and parameters.
+    """
+    failures = []
+    table = []
+    for t in range(iterations + 1):
+        worst = 0.0
+        for i in range(num_workers):
+            got, want = recorded(i, t), expected(i, t)
+            for n in params:
+                a = np.asarray(got[n], np.float64)
+                b = np.asarray(want[n], np.float64)
+                if a.shape != b.shape:
+                    failures.append("t=%d worker %d %s: shape %s, expected %s"
+                                    % (t, i, n, a.shape, b.shape))
+                    continue
+                if a.size:
+                    worst = max(worst, float(np.abs(a - b).max()))
+                if not np.allclose(a, b, rtol=rtol, atol=atol):
+                    label = (" [%s]" % labels[t]) if labels and labels[t] else ""
+                    failures.append("weights after iteration %d (t=%d)%s, worker %d, %s: %s"
+                                    % (t - 1, t, label, i, n,
+                                       describe_diff(a, b, rtol, atol)))
+        table.append("  t=%-3d max|diff| %.3g%s" % (
+            t, worst, (" (%s)" % labels[t]) if labels and labels[t] else ""))
+    if not failures:
+        return True, ""
+    lines = ["%d mismatches (rtol %g, atol %g); first:" % (len(failures), rtol, atol)]
+    lines += ["  " + f for f in failures[:max_lines]]
+    if len(failures) > max_lines:
+        lines.append("  ... %d more" % (len(failures) - max_lines))
+    lines.append("largest |diff| by t (t = weights before iteration t):")
+    lines += table
+    return False, "\n".join(lines)
