@@ -25,11 +25,14 @@ else:
     from .config import AlgorithmConfig, ConfigError
     from .policies import POLICIES
     from .stores import STORES
+    from .horovod_store import Horovod as _Horovod  # imports horovod itself lazily
 
-    ALGORITHMS = tuple(sorted(STORES))
+    # every store this package registers with MXNet, by name
+    _ALL_STORES = dict(STORES, horovod=_Horovod)
+    ALGORITHMS = tuple(sorted(_ALL_STORES))
 
     # string names of these stores must reach mx.kv.create even with one device per worker
-    _trainer_hook.install(STORES)
+    _trainer_hook.install(_ALL_STORES)
 
 
     def create(config, **knobs):
@@ -49,7 +52,7 @@ else:
         else:
             name, config = config, knobs
         try:
-            cls = STORES[name.lower()]
+            cls = _ALL_STORES[name.lower()]
         except KeyError:
             raise ConfigError("unknown algorithm %r; known: %s"
                               % (name, ", ".join(ALGORITHMS))) from None
