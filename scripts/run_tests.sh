@@ -13,6 +13,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -d /usr/share/data
         || echo "note: dataset-fashion-mnist not installed; its tests will be skipped"
 fi
 if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet' 2>/dev/null; then
+    # Horovod's build imports mxnet, so it cannot use an isolated build environment
+    .venv/bin/pip install -q cmake
     HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
         .venv/bin/pip install -q --no-build-isolation --no-cache-dir '.[horovod]'
