@@ -9,8 +9,8 @@ silently ignored.
 """
 import math
 import os
-from dataclasses import dataclass, field, fields
-from typing import Mapping, Optional
+from dataclasses import dataclass, fields
+from typing import Optional
 
 ENV_PREFIX = "MXNET_CPSGD_"
 # MXNET_CPSGD_* variables that are not algorithm knobs (set by the launcher and scripts)

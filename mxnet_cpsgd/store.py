@@ -94,6 +94,9 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._updater = None
         self._state_per_element = 0
         self._loaded_server_weights = {}  # index -> weights the servers apply next round
+        self._pushed_keys = ()            # keys gluon pushes every step (grad_req != 'null')
+        self._pulls_in_flight = {}        # key -> arrays its latest pull writes
+        self._dense_step = None           # open dense step: deferred pulls, keys left
 
     # ------------------------------------------------------------------ setup
     def _resolve(self, params):
@@ -195,6 +198,8 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
                                  bigarray_bound())
         self._adopt_optimizer(optimizer)
+        self._pushed_keys = frozenset(i for i, p in optimizer.param_dict.items()
+                                      if p.grad_req != "null")
 
     def _server_optimizer(self, optimizer):
         chosen = self._policy.server_optimizer(optimizer, self._kv.num_workers)
@@ -295,6 +300,45 @@ class PolicyStore(mx.kv.KVStoreBase):
         else:
             self._kv.push(keys, values, priority=priority)
 
+    def _issue_pulls(self, pulls, priority=0):
+        for k, targets in pulls:
+            self._kv.pull(k, out=targets, priority=priority)
+            if self._switch is not None:
+                self._pulls_in_flight[k] = targets
+
+    def _push_dense_in_step(self, key, keys, values, pulls, priority):
+        """A dense push on a compressed store, without racing MXNet's pulls.
+
+        The switch flips the compression type that MXNet's pull operations also
+        read, on engine threads, while they run (``EncodeCompressedKey`` aborts with
+        "Unsupported compression type: 0" if the type changes under it).  So
+        while a step pushes dense, no pull may be in flight: the pulls still
+        running from earlier steps are waited for before the step's first dense
+        push (the next local update needs them anyway), and the step's own pulls
+        are issued together after its last dense push.
+        """
+        step = self._dense_step
+        if step is not None and key not in step["left"]:
+            self._close_dense_step()  # a new step began before the last one completed
+            step = None
+        if step is None:
+            for targets in self._pulls_in_flight.values():
+                for array in targets:
+                    array.wait_to_read()
+            self._pulls_in_flight = {}
+            step = self._dense_step = {"left": set(self._pushed_keys), "pulls": []}
+        self._dense_push(keys, values, priority)
+        step["pulls"].append((pulls, priority))
+        step["left"].discard(key)
+        if not step["left"]:
+            self._close_dense_step()
+
+    def _close_dense_step(self):
+        step, self._dense_step = self._dense_step, None
+        if step is not None:
+            for pulls, priority in step["pulls"]:
+                self._issue_pulls(pulls, priority)
+
     # -------------------------------------------------------------- pushpull
     def pushpull(self, key, value, out=None, priority=0):
         """One iteration of the algorithm for parameter ``key``.
@@ -348,26 +392,26 @@ class PolicyStore(mx.kv.KVStoreBase):
             if plan.payload is Payload.MODEL_DELTA:
                 mx.nd.elemwise_sub(param.glob, weights, out=send)
 
-        if plan.push is not Push.NONE:
-            parts = param.parts(send)
-            keys_, vals = [k for k, _ in parts], [v for _, v in parts]
-            if plan.push is Push.DENSE:
-                self._dense_push(keys_, vals, priority)
-            else:
-                self._kv.push(keys_, vals, priority=priority)
-            self._rounds[key] += 1
-            self._loaded_server_weights.pop(key, None)
-
         if plan.pull is Pull.SYNC:
             targets = [param.glob] + list(outs)
         elif plan.pull is Pull.BACKGROUND:
             targets = [param.glob]
         else:
             targets = []
-        if targets:
-            for chunk_parts in zip(*[param.parts(t) for t in targets]):
-                self._kv.pull(chunk_parts[0][0], out=[p for _, p in chunk_parts],
-                              priority=priority)
+        pulls = [(chunk_parts[0][0], [p for _, p in chunk_parts])
+                 for chunk_parts in zip(*[param.parts(t) for t in targets])]
+
+        if plan.push is not Push.NONE:
+            parts = param.parts(send)
+            keys_, vals = [k for k, _ in parts], [v for _, v in parts]
+            if plan.push is Push.DENSE and self._switch is not None:
+                self._push_dense_in_step(key, keys_, vals, pulls, priority)
+                pulls = []  # issued with the step's last dense push
+            else:
+                self._kv.push(keys_, vals, priority=priority)
+            self._rounds[key] += 1
+            self._loaded_server_weights.pop(key, None)
+        self._issue_pulls(pulls, priority)
         self._steps[key] = step + 1
 
     # ----------------------------------------------------------- save / load
@@ -383,6 +427,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         """
         if self._optimizer is None:
             raise RuntimeError("nothing to save before the first trainer.step()")
+        self._close_dense_step()
         if not self._mirrors:
             raise RuntimeError(
                 "kvstore '%s' cannot save the servers' optimizer state of %s: its state "
@@ -449,6 +494,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                                  % (fname, index, "missing" if entry is None else
                                     "has shape %s, expected %s"
                                     % (entry["weights"].shape, tuple(param.shape))))
+        self._close_dense_step()
         mx.nd.waitall()
         if blob["optimizer"] is not None:
             # like MXNet's own Trainer.load_states: continue with the saved optimizer

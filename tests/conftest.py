@@ -16,7 +16,6 @@ failure or exception alike.
 """
 import os
 import re
-import signal
 import sys
 import time
 import uuid
@@ -24,21 +23,13 @@ import uuid
 import pytest
 
 from mxnet_cpsgd.launch import run_job
+from procs import kill_all, processes_with_env
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
 #: one thread per node keeps jobs small on a shared 2-core machine
 JOB_ENV = {"OMP_NUM_THREADS": "1"}
 TAG_VAR = "CPSGD_TEST_JOB"
-
-
-def _environ(pid):
-    try:
-        with open("/proc/%s/environ" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
 
 
 def _cmdline(pid):
@@ -52,31 +43,7 @@ def _cmdline(pid):
 def job_processes(tag=None, port=None):
     """pids of live processes whose environment has CPSGD_TEST_JOB=tag or
     DMLC_PS_ROOT_PORT=port (zombies excluded)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        env = _environ(pid)
-        if not env:
-            continue
-        if (tag is not None and env.get(TAG_VAR.encode()) == tag.encode()) or \
-                (port is not None and env.get(b"DMLC_PS_ROOT_PORT") == str(port).encode()):
-            try:
-                with open("/proc/%s/stat" % pid) as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue
-            except OSError:
-                continue
-            found.append(int(pid))
-    return found
-
-
-def _kill(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    return processes_with_env(**{TAG_VAR: tag, "DMLC_PS_ROOT_PORT": port})
 
 
 def _run(script, *args, num_workers=2, num_servers=1, env=None, timeout=20,
@@ -100,7 +67,7 @@ def _run(script, *args, num_workers=2, num_servers=1, env=None, timeout=20,
             result.failure, result.output[-4000:])
         return result
     finally:
-        _kill(job_processes(tag, getattr(result, "port", None)))
+        kill_all(job_processes(tag, getattr(result, "port", None)))
 
 
 @pytest.fixture(scope="session")

@@ -23,11 +23,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import numpy as np
 import pytest
+from procs import kill_marked, processes_with_env
 
 try:  # a generous per-test bound where pytest-timeout is installed
     import pytest_timeout  # noqa: F401
@@ -48,35 +48,11 @@ JOB_TIMEOUT = 180
 # ------------------------------------------------------------------ processes
 def _tagged(tag):
     """pids of live processes carrying TAG_VAR=tag (zombies excluded)."""
-    found = []
-    needle = ("%s=%s" % (TAG_VAR, tag)).encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
+    return processes_with_env(**{TAG_VAR: tag})
 
 
 def _kill_tagged(tag):
-    for _ in range(3):
-        pids = _tagged(tag)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.2)
+    kill_marked(**{TAG_VAR: tag})
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from procs import kill_all, pid_alive, processes_with_env
 
 from mxnet_cpsgd.launch import LaunchError, main, parse_env, run_job
 
@@ -91,33 +92,7 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
 
 
 def marked_processes(mark):
-    """Live (non-zombie) pids whose environment holds LAUNCH_TEST_MARK=mark."""
-    needle = ("%s=%s" % (MARK_VAR, mark)).encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
-
-
-def pid_alive(pid):
-    """os.kill(pid, 0), counting zombies as dead."""
-    try:
-        os.kill(pid, 0)
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return processes_with_env(**{MARK_VAR: mark})
 
 
 @pytest.fixture
@@ -125,11 +100,7 @@ def mark():
     """A unique mark; afterwards every marked process is SIGKILLed."""
     value = uuid.uuid4().hex
     yield value
-    for pid in marked_processes(value):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_all(marked_processes(value))
 
 
 class TimedStream:

@@ -13,6 +13,7 @@ import threading
 import uuid
 
 import pytest
+from procs import kill_all, pid_alive, processes_with_env
 
 from mxnet_cpsgd import netem
 from mxnet_cpsgd.launch import run_job
@@ -113,32 +114,7 @@ def job_name(output):
 
 
 def marked_processes(mark):
-    """Live (non-zombie) pids whose environment holds NETEM_TEST_MARK=mark."""
-    needle = ("%s=%s" % (MARK_VAR, mark)).encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % pid) as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(pid))
-    return found
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return processes_with_env(**{MARK_VAR: mark})
 
 
 @pytest.fixture
@@ -146,11 +122,7 @@ def mark():
     """A unique mark; afterwards every marked process is SIGKILLed."""
     value = uuid.uuid4().hex
     yield value
-    for pid in marked_processes(value):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_all(marked_processes(value))
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ import csv
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
 
 import pytest
+from procs import kill_all, processes_with_env
 
 from mxnet_cpsgd import data, train_common
 
@@ -188,21 +188,6 @@ def test_rank_path():
 
 # ---------------------------------------------------------------- distributed
 
-def _tagged_pids(tag):
-    needle = ("CPSGD_TRAIN_TEST=%s" % tag).encode()
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 def _launch(command, expect_ok=True):
     launch = pytest.importorskip("mxnet_cpsgd.launch")
     tag = uuid.uuid4().hex
@@ -211,9 +196,8 @@ def _launch(command, expect_ok=True):
         result = launch.run_job(command, 2, 1, env=env, timeout=30, job_timeout=150,
                                 stream=None)
     finally:
-        leftover = _tagged_pids(tag)
-        for pid in leftover:
-            os.kill(pid, signal.SIGKILL)
+        leftover = processes_with_env(CPSGD_TRAIN_TEST=tag)
+        kill_all(leftover)
     if expect_ok:
         assert result.returncode == 0, "%s\n%s" % (result.failure, result.output[-4000:])
     assert not leftover, leftover

@@ -1,0 +1,59 @@
+"""Finding and killing the processes a test started, by a mark in their environment.
+
+Every test that starts processes gives them an environment variable with a unique
+value; afterwards it asserts that none is left and SIGKILLs any that is.
+"""
+import os
+import signal
+import time
+
+
+def _is_zombie(pid):
+    with open("/proc/%s/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def processes_with_env(**wanted):
+    """pids of live (non-zombie) processes whose environment has any NAME=value given."""
+    needles = {("%s=%s" % (k, v)).encode() for k, v in wanted.items() if v is not None}
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if needles.isdisjoint(f.read().split(b"\0")):
+                    continue
+            if _is_zombie(pid):
+                continue
+        except (OSError, IndexError):
+            continue
+        found.append(int(pid))
+    return found
+
+
+def pid_alive(pid):
+    """os.kill(pid, 0), counting zombies as dead."""
+    try:
+        os.kill(pid, 0)
+        return not _is_zombie(pid)
+    except (OSError, IndexError):
+        return False
+
+
+def kill_all(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def kill_marked(tries=3, **wanted):
+    """SIGKILL every process carrying one of the marks, until none is left."""
+    for _ in range(tries):
+        pids = processes_with_env(**wanted)
+        if not pids:
+            return
+        kill_all(pids)
+        time.sleep(0.2)
