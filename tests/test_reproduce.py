@@ -1,0 +1,261 @@
+"""cpsgd-reproduce: spec expansion, resumability, and one tiny grid end to end.
+
+The end-to-end test runs LeNet on synthetic MNIST-shaped data, 2 workers + 1
+server, S-SGD and CP-SGD (2 epochs of 3 iterations, warm-up 2 iterations), through
+the real launcher, and checks the report it writes.
+"""
+import json
+import os
+import sys
+import time
+
+import pytest
+import yaml
+
+from mxnet_cpsgd import report, reproduce
+
+SPEC = {
+    "name": "tiny",
+    "title": "tiny grid",
+    "script": "scripts/train_mnist.py",
+    "args": {"dataset": "mnist-5k", "synthetic": True, "synthetic-batches": 3,
+             "num-epochs": 2, "batch-size": 16, "val-split": "shard", "quiet": True},
+    "env": {"OMP_NUM_THREADS": 1, "MXNET_CPU_WORKER_NTHREADS": 1},
+    "workers": [2],
+    "seeds": [7],
+    "job_timeout": 80,
+    "timeout": 20,
+    "runs": [{"label": "SSGD", "algorithm": "ssgd"},
+             {"label": "k{correction_period}", "algorithm": "cpsgd", "warmup_steps": 2,
+              "grid": {"correction_period": [2]}}],
+}
+
+
+def _spec_file(tmp_path, spec):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+# ----------------------------------------------------------------------------
+# expansion
+
+def test_expand_grid_labels_and_order():
+    spec = {
+        "script": "scripts/train_cifar.py",
+        "args": {"num_epochs": 3, "synthetic": True, "no-hybridize": False},
+        "seeds": [1, 2],
+        "workers": [4, 2],
+        "runs": [{"label": "SSGD", "algorithm": "ssgd"},
+                 {"label": "k{correction_period}", "algorithm": "cpsgd",
+                  "threshold": 0.5, "grid": {"correction_period": [2, 5]}}],
+        "experiments": [{"name": "a"},
+                        {"name": "b", "rates": ["100mbit"], "seeds": [1],
+                         "labels": ["SSGD", "k5"], "args": {"num-epochs": 1}}],
+    }
+    reproduce.validate_spec(spec)
+    plans = reproduce.expand(spec)
+    a = [p for p in plans if p.experiment == "a"]
+    # seeds outermost, then workers, then runs (grid values in order)
+    assert [(p.seed, p.num_workers, p.label) for p in a] == [
+        (s, m, l) for s in (1, 2) for m in (4, 2) for l in ("SSGD", "k2", "k5")]
+    b = [p for p in plans if p.experiment == "b"]
+    assert [(p.label, p.num_workers, p.rate) for p in b] == [
+        ("SSGD", 4, "100mbit"), ("k5", 4, "100mbit"), ("SSGD", 2, "100mbit"),
+        ("k5", 2, "100mbit")]
+    k5 = b[1]
+    assert k5.knobs == {"threshold": 0.5, "correction_period": 5}
+    assert k5.args["num-epochs"] == 1
+    argv = k5.argv("PY", "/out/r")
+    assert argv[0] == "PY" and argv[1].endswith(os.path.join("scripts", "train_cifar.py"))
+    assert argv[2:] == ["--algorithm", "cpsgd", "--seed", "1", "--num-epochs", "1",
+                        "--synthetic", "--threshold", "0.5", "--correction-period", "5",
+                        "--log-json", "/out/r/log.json"]
+    assert k5.run_id == "b/k5-M4-100mbit-s1"
+    assert "--emulate-network 100mbit" in k5.launch_text()
+    assert k5.expected_epochs() == 1
+    assert len({p.run_id for p in plans}) == len(plans)
+    # the fingerprint ignores where logs go but not what runs
+    assert k5.fingerprint() == reproduce.expand(spec)[plans.index(k5)].fingerprint()
+    assert k5.fingerprint() != b[3].fingerprint()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"runs": [{"algorithm": "ssgd"}]}, "needs 'script'"),
+    ({"script": "s.py", "runs": [{"label": "x"}]}, "needs an 'algorithm'"),
+    ({"script": "s.py", "runs": [{"algorithm": "ssgd"}], "bogus": 1}, "unknown spec key"),
+    ({"script": "s.py"}, "has no 'runs'"),
+])
+def test_bad_specs(bad, message):
+    with pytest.raises(reproduce.SpecError, match=message):
+        reproduce.validate_spec(bad)
+
+
+def test_duplicate_and_reserved():
+    spec = {"script": "s.py", "runs": [{"algorithm": "ssgd"}, {"algorithm": "ssgd"}]}
+    with pytest.raises(reproduce.SpecError, match="share an id"):
+        reproduce.expand(spec)
+    spec = {"script": "s.py", "args": {"seed": 3}, "runs": [{"algorithm": "ssgd"}]}
+    with pytest.raises(reproduce.SpecError, match="set by cpsgd-reproduce"):
+        reproduce.expand(spec)
+    spec = {"script": "s.py", "runs": [{"algorithm": "cpsgd", "label": "k{nope}"}]}
+    with pytest.raises(reproduce.SpecError, match="cannot fill in"):
+        reproduce.expand(spec)
+
+
+def test_shipped_specs_expand():
+    specs_dir = os.path.join(reproduce.PROJECT_ROOT, "specs")
+    names = sorted(n for n in os.listdir(specs_dir) if n.endswith((".yaml", ".yml", ".json")))
+    assert {"lenet-mnist.yaml", "resnet20-cifar10.yaml", "inception-bn-cifar10.yaml",
+            "resnet50-imagenet.yaml", "lenet-fashion-local.yaml"} <= set(names)
+    for name in names:
+        spec = reproduce.load_spec(os.path.join(specs_dir, name))
+        plans = reproduce.expand(spec)
+        assert plans, name
+        for p in plans:
+            assert os.path.isfile(reproduce.resolve_script(p.script)), (name, p.script)
+    # the paper's Te/Tc grid: SSGD, BIT, k2, k5, k10, k20 for M=2 and M=4
+    spec = reproduce.load_spec(os.path.join(specs_dir, "resnet20-cifar10.yaml"))
+    timing = {(p.label, p.num_workers) for p in reproduce.expand(spec)
+              if p.experiment == "te-tc"}
+    assert timing == {(l, m) for l in ("SSGD", "BIT", "k2", "k5", "k10", "k20")
+                      for m in (2, 4)}
+
+
+def test_knobs_are_accepted_by_the_training_scripts():
+    """Every knob a shipped spec passes is a flag the scripts know, for an
+    algorithm that accepts it (the scripts reject the others)."""
+    from mxnet_cpsgd import train_common
+    specs_dir = os.path.join(reproduce.PROJECT_ROOT, "specs")
+    for name in os.listdir(specs_dir):
+        spec = reproduce.load_spec(os.path.join(specs_dir, name))
+        for p in reproduce.expand(spec):
+            accepted = train_common.accepted_knobs(p.algorithm)
+            for knob in p.knobs:
+                assert knob in train_common.KNOB_FLAGS, (name, knob)
+                assert knob in accepted, (name, p.run_id, knob)
+
+
+# ----------------------------------------------------------------------------
+# resumability and emulation policy, without training
+
+def _fake_logs(run_dir, workers, epochs):
+    os.makedirs(run_dir, exist_ok=True)
+    for rank in range(workers):
+        name = "log.json" if rank == 0 else "log.rank%d.json" % rank
+        with open(os.path.join(run_dir, name), "w") as f:
+            for e in range(epochs):
+                f.write(json.dumps({"epoch": e, "rank": rank, "val_acc": 0.5,
+                                    "epoch_time": 1.0, "comm_time": 0.5}) + "\n")
+
+
+def test_run_is_complete(tmp_path):
+    plan = reproduce.expand(SPEC)[0]
+    out = str(tmp_path)
+    run_dir = plan.directory(out)
+    assert not reproduce.run_is_complete(plan, run_dir)
+    _fake_logs(run_dir, 2, 2)
+    assert not reproduce.run_is_complete(plan, run_dir)   # no run.json
+    reproduce._write_json(os.path.join(run_dir, "run.json"),
+                          reproduce.run_meta(plan, status="ok"))
+    assert reproduce.run_is_complete(plan, run_dir)
+    _fake_logs(run_dir, 2, 1)                               # an epoch missing
+    assert not reproduce.run_is_complete(plan, run_dir)
+    _fake_logs(run_dir, 2, 2)
+    os.remove(os.path.join(run_dir, "log.rank1.json"))      # a rank missing
+    assert not reproduce.run_is_complete(plan, run_dir)
+    _fake_logs(run_dir, 2, 2)
+    changed = dict(SPEC, args=dict(SPEC["args"], lr=0.5))   # another command
+    assert not reproduce.run_is_complete(reproduce.expand(changed)[0], run_dir)
+
+
+def test_no_emulation_skip_and_fail(tmp_path):
+    spec = dict(SPEC, rates=["100mbit"])
+    plan = reproduce.expand(spec)[0]
+    meta = reproduce.execute(plan, str(tmp_path), sys.executable, "skip",
+                             emulation_error="needs root")
+    assert meta["status"] == "skipped" and "needs root" in meta["failure"]
+    meta = reproduce.execute(plan, str(tmp_path), sys.executable, "fail",
+                             emulation_error="needs root")
+    assert meta["status"] == "failed"
+    with open(os.path.join(plan.directory(str(tmp_path)), "run.json")) as f:
+        assert json.load(f)["status"] == "failed"
+
+
+def test_dry_run_and_report_only_cli(tmp_path, capsys):
+    spec = _spec_file(tmp_path, SPEC)
+    out = str(tmp_path / "out")
+    assert reproduce.main([spec, "-o", out, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("main/k2-M2-loopback-s7: python -m "
+                                                   "mxnet_cpsgd.launch -n 2 -s 1")
+    assert not os.path.exists(out)
+    with pytest.raises(SystemExit):
+        reproduce.main(["--report-only", "-o", out])          # no such directory
+    _fake_logs(os.path.join(out, "runs", "main", "x"), 2, 2)
+    assert reproduce.main(["--report-only", "-o", out]) == 0
+    assert os.path.isfile(os.path.join(out, "report.md"))
+
+
+# ----------------------------------------------------------------------------
+# end to end
+
+def test_tiny_grid_end_to_end(tmp_path):
+    spec_path = _spec_file(tmp_path, SPEC)
+    out = str(tmp_path / "out")
+    started = time.monotonic()
+    code = reproduce.main([spec_path, "-o", out])
+    elapsed = time.monotonic() - started
+    runs_dir = os.path.join(out, "runs", "main")
+    outputs = ""
+    for name in sorted(os.listdir(runs_dir)):
+        path = os.path.join(runs_dir, name, "output.log")
+        if os.path.isfile(path):
+            with open(path) as f:
+                outputs += "--- %s ---\n%s" % (name, f.read()[-3000:])
+    assert code == 0, outputs
+    assert elapsed < 90, "took %.0f s" % elapsed
+    for run_id in ("SSGD-M2-loopback-s7", "k2-M2-loopback-s7"):
+        run = report.read_run(os.path.join(runs_dir, run_id))
+        assert run.meta["status"] == "ok"
+        assert sorted(run.records) == [0, 1]
+        for lines in run.records.values():
+            assert [r["epoch"] for r in lines] == [0, 1]
+            assert all(r["iterations"] == 3 for r in lines)
+    assert report.read_run(os.path.join(runs_dir, "k2-M2-loopback-s7")).meta["knobs"] == {
+        "warmup_steps": 2, "correction_period": 2}
+    with open(os.path.join(out, "report.md")) as f:
+        md = f.read()
+    assert "| main | SSGD | 2 | loopback |" in md
+    assert "| main | k2 | 2 | loopback |" in md
+    assert "|  | SSGD | k2 |" in md             # the Te/Tc table
+    assert "cpsgd-reproduce %s -o %s" % (spec_path, out) in md
+    png = os.path.join(out, report.figure_name("curves", "main", 2, None))
+    assert os.path.getsize(png) > 1000
+    # a second invocation finds every run complete and runs nothing
+    started = time.monotonic()
+    assert reproduce.main([spec_path, "-o", out]) == 0
+    assert time.monotonic() - started < 20
+
+
+def test_failed_attempt_is_kept_and_reported(tmp_path):
+    plan = reproduce.expand(SPEC)[0]
+    out = str(tmp_path)
+    run_dir = plan.directory(out)
+    _fake_logs(run_dir, 2, 1)
+    reproduce._write_json(os.path.join(run_dir, "run.json"), reproduce.run_meta(
+        plan, status="failed", failure="worker 1 exited with code 1", wall_time=9.0))
+    reproduce._clear_logs(run_dir)          # what a rerun does first
+    assert not os.path.exists(os.path.join(run_dir, "log.json"))
+    kept = os.path.join(run_dir, "attempts", "1")
+    assert sorted(os.listdir(kept)) == ["log.json", "log.rank1.json", "run.json"]
+    _fake_logs(run_dir, 2, 2)               # the rerun succeeded
+    reproduce._write_json(os.path.join(run_dir, "run.json"),
+                          reproduce.run_meta(plan, status="ok"))
+    runs = report.load_runs(out)
+    assert len(runs) == 1                   # the attempt is not a run of its own
+    assert runs[0].attempts[0]["failure"] == "worker 1 exited with code 1"
+    md = report.generate(out, plots=False).markdown
+    assert "| main/SSGD-M2-loopback-s7 | 1 | 9 | 1 | worker 1 exited with code 1 |" in md
+    reproduce._clear_logs(run_dir)          # a successful run's files are just removed
+    assert sorted(os.listdir(run_dir)) == ["attempts"]
