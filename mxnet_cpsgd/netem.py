@@ -37,6 +37,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 import sys
 import threading
 from dataclasses import dataclass
@@ -322,8 +323,15 @@ class EmulatedNetwork:
     def close(self) -> None:
         """Kill processes left in the namespaces, then delete every link and
         namespace this network created (and nothing else).  Idempotent."""
-        for netns in self._created_ns:
-            kill_namespace_processes(netns)
+        # `ip netns exec` started just before close() may enter its namespace a few
+        # milliseconds later: scan until two scans in a row find nobody
+        quiet = 0
+        for _ in range(50):
+            found = sum(kill_namespace_processes(netns) for netns in self._created_ns)
+            quiet = quiet + 1 if not found else 0
+            if quiet == 2:
+                break
+            time.sleep(0.05)
         errors = []
         # Links first: deleting a namespace frees its veth only asynchronously.
         for link in reversed(self._created_links):
@@ -389,18 +397,23 @@ def list_namespaces() -> List[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def kill_namespace_processes(netns: str) -> None:
+def kill_namespace_processes(netns: str) -> int:
     """SIGKILL every process inside a namespace (``ip netns pids``).
 
     Args:
         netns: namespace name.
+
+    Returns:
+        how many processes were found.
     """
     out = _run(["ip", "netns", "pids", netns], check=False).stdout
-    for pid in out.split():
+    pids = out.split()
+    for pid in pids:
         try:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
+    return len(pids)
 
 
 def leftovers() -> Dict[str, List[str]]:
