@@ -1,0 +1,461 @@
+"""The per-worker timing loop of ``cpsgd-bench`` (one process per worker).
+
+``cpsgd-bench`` starts this module as the workers' command of a launcher job
+(``python -m mxnet_cpsgd.bench_worker ...``); run by hand it needs the same
+ps-lite environment as any worker.  Each worker
+
+1. builds the model on synthetic tensors and a ``gluon.Trainer`` with the
+   algorithm's store (``--algorithm compute`` trains the same way with *no*
+   kvstore at all: a plain local SGD update; a bare ``dist_sync`` store is
+   created only for the rank and the start/stop barriers and never carries
+   a gradient);
+2. runs ``--warmup-iters`` discarded iterations (the algorithm's own warm-up,
+   ``--algo-warmup-steps``, must end inside them);
+3. drains the pipeline (``waitall``), reads its interface's byte counters,
+   meets the other workers at a barrier and runs ``--iters`` timed iterations.
+   An iteration's time is the time between the moments its loss and the
+   previous iteration's loss became readable, which is what a training loop
+   that updates a metric every iteration sees; communication that is still
+   running in the background (CP-SGD, OD-SGD) is not waited for;
+4. drains again, meets at a barrier, reads the counters again; rank 0 also
+   reads the counters of the servers' namespaces;
+5. optionally profiles ``--profile-iters`` more iterations with MXNet's
+   profiler (after the timed window, so profiling never disturbs it);
+6. writes ``worker-<rank>.json`` into ``--out-dir``.
+"""
+import argparse
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import time
+import traceback
+
+WORKLOADS = {
+    # model name: (sample shape, classes)
+    "lenet": ((1, 28, 28), 10),
+    "cifar_resnet20_v1": ((3, 32, 32), 10),
+    "cifar_inception_bn": ((3, 32, 32), 10),
+    "resnet50_v1": ((3, 224, 224), 1000),
+}
+
+COMPUTE_ONLY = "compute"
+#: stock MXNet dist_sync (gluon.Trainer(kvstore=mx.kv.create('dist_sync'))), a baseline
+STOCK_SYNC = "dist_sync"
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.bench_worker",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS))
+    p.add_argument("--algorithm", required=True,
+                   help="a registered store name, or '%s' (no kvstore)" % COMPUTE_ONLY)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup-iters", type=int, default=10)
+    p.add_argument("--algo-warmup-steps", type=int, default=5)
+    p.add_argument("--threshold", type=float, default=0.5)
+    p.add_argument("--correction-period", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--netns", action="store_true",
+                   help="this worker runs in its own network namespace: read eth0's counters")
+    p.add_argument("--num-servers", type=int, default=1)
+    p.add_argument("--root-netns-pid", type=int, default=None,
+                   help="a process in the root network namespace (the bench itself), to "
+                        "read the links' receive-side tbf counters through")
+    p.add_argument("--profile-iters", type=int, default=0)
+    p.add_argument("--setup", default=None,
+                   help="a Python file run in every worker after importing mxnet_cpsgd, "
+                        "before the store is created")
+    return p
+
+
+# ---------------------------------------------------------------- counters
+
+def read_counters(prefix=""):
+    """(tx_bytes, rx_bytes) of eth0, in this namespace or through ``prefix`` argv."""
+    if not prefix:
+        base = "/sys/class/net/eth0/statistics/"
+        with open(base + "tx_bytes") as f:
+            tx = int(f.read())
+        with open(base + "rx_bytes") as f:
+            rx = int(f.read())
+        return tx, rx
+    out = subprocess.run(list(prefix) + ["cat", "/sys/class/net/eth0/statistics/tx_bytes",
+                                         "/sys/class/net/eth0/statistics/rx_bytes"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def server_namespaces(num_servers):
+    """Names of the servers' namespaces, derived from this worker's own.
+
+    The launcher names a job's namespaces ``<job>-<i>`` with i = 0 for the
+    scheduler and 1..S for the servers (mxnet_cpsgd.launch._build_nodes).
+    Returns [] when this process's namespace cannot be identified.
+    """
+    try:
+        name = subprocess.run(["ip", "netns", "identify", str(os.getpid())],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    match = re.match(r"^(.*)-(\d+)$", name)
+    if not match:
+        return []
+    return ["%s-%d" % (match.group(1), i) for i in range(1, num_servers + 1)]
+
+
+def job_namespaces():
+    """(job name, this worker's node index) from ``ip netns identify``, or (None, None)."""
+    try:
+        name = subprocess.run(["ip", "netns", "identify", str(os.getpid())],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    match = re.match(r"^(.*)-(\d+)$", name)
+    return (match.group(1), int(match.group(2))) if match else (None, None)
+
+
+def _tbf_drops(argv):
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.findall(r"dropped (\d+)", out)
+    return sum(int(x) for x in found) if found else None
+
+
+def read_drops(job, num_nodes, root_pid):
+    """Packets the tbf queues of every node's link dropped so far.
+
+    Returns ``{'send': n, 'receive': n}`` summed over the job's nodes: a node's
+    sending side is the qdisc on ``eth0`` in its namespace, its receiving side
+    the qdisc on its veth end in the root namespace (named ``<job>h<i>``).
+    None when a counter cannot be read.
+    """
+    send = receive = 0
+    for i in range(num_nodes):
+        a = _tbf_drops(["ip", "netns", "exec", "%s-%d" % (job, i), "tc", "-s", "qdisc",
+                        "show", "dev", "eth0"])
+        b = _tbf_drops(["nsenter", "--net=/proc/%d/ns/net" % root_pid, "tc", "-s", "qdisc",
+                        "show", "dev", "%sh%d" % (job, i)])
+        if a is None or b is None:
+            return None
+        send += a
+        receive += b
+    return {"send": send, "receive": receive}
+
+
+def read_server_counters(namespaces):
+    result = []
+    for ns in namespaces:
+        try:
+            result.append(read_counters(["ip", "netns", "exec", ns]))
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return result
+
+
+def job_peers(roles=("server", "scheduler")):
+    """pid -> role of this job's processes with the given DMLC_ROLEs.
+
+    Found through /proc (network namespaces share the pid namespace): the
+    processes whose environment has this worker's DMLC_PS_ROOT_URI and
+    DMLC_PS_ROOT_PORT.
+    """
+    want_port = os.environ.get("DMLC_PS_ROOT_PORT", "").encode()
+    want_uri = os.environ.get("DMLC_PS_ROOT_URI", "").encode()
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                           if b"=" in item)
+        except OSError:
+            continue
+        if env.get(b"DMLC_PS_ROOT_PORT") == want_port and \
+                env.get(b"DMLC_PS_ROOT_URI") == want_uri:
+            role = env.get(b"DMLC_ROLE", b"").decode()
+            if role in roles:
+                found[int(pid)] = role
+    return found
+
+
+def cpu_seconds(pid=None):
+    """utime + stime of a process (this one by default), in seconds."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def system_cpu_seconds():
+    """(busy, total) CPU seconds of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    busy = sum(values[i] for i in (0, 1, 2, 5, 6, 7) if i < len(values))
+    total = busy + sum(values[i] for i in (3, 4) if i < len(values))
+    tick = os.sysconf("SC_CLK_TCK")
+    return busy / tick, total / tick
+
+
+def memory_kb():
+    """(VmHWM, VmRSS) of this process in KiB."""
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                key, value = line.split(":", 1)
+                found[key] = int(value.split()[0])
+    return found.get("VmHWM"), found.get("VmRSS")
+
+
+# ------------------------------------------------------------------- main
+
+def _store_class(algorithm):
+    """The registered store class (a --setup file may have registered more)."""
+    import mxnet as mx
+    cls = mx.kv.KVStoreBase.kv_registry.get(algorithm)
+    if cls is None or getattr(cls, "policy_class", None) is None:
+        raise SystemExit("bench worker: %r is not a registered mxnet_cpsgd store" % algorithm)
+    return cls
+
+
+def _knobs(algorithm, args):
+    defaults = _store_class(algorithm).policy_class.defaults
+    knobs = {}
+    if "threshold" in defaults:
+        knobs["threshold"] = args.threshold
+    if "correction_period" in defaults:
+        knobs["correction_period"] = args.correction_period
+    if "warmup_steps" in defaults:
+        knobs["warmup_steps"] = args.algo_warmup_steps
+    return knobs
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except BaseException:  # noqa: B902
+        # Leave at once: a normal interpreter exit would run ps-lite's Finalize,
+        # whose barrier waits forever for the other workers (blocked in this
+        # round), so the job would hang until the launcher's job timeout.
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _main(args):
+    # The launcher's worker-index hint shares the MXNET_CPSGD_ prefix that the
+    # store's configuration reads (and rejects unknown names of); keep it aside.
+    worker_index = os.environ.pop("MXNET_CPSGD_WORKER_INDEX", None)
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    import mxnet_cpsgd
+    from mxnet_cpsgd import models
+
+    if args.setup:
+        # e.g. a prototype that patches a store class, for an A/B comparison
+        runpy.run_path(args.setup, run_name="cpsgd_bench_setup")
+
+    shape, classes = WORKLOADS[args.model]
+    if args.algorithm == COMPUTE_ONLY:
+        barrier_kv = mx.kv.create("dist_sync")
+        store = None
+        knobs = {}
+    elif args.algorithm == STOCK_SYNC:
+        # MXNet's own store, for comparison: the server sums the workers'
+        # gradients, so trainer.step gets the global batch
+        store = mx.kv.create("dist_sync")
+        barrier_kv = None
+        knobs = {}
+    else:
+        knobs = _knobs(args.algorithm, args)
+        store = _store_class(args.algorithm)(knobs)
+        barrier_kv = None
+    rank = int((barrier_kv or store).rank)
+
+    net = models.get_model(args.model, classes=classes)
+    num_params = models.initialize(net, shape, [mx.cpu()], seed=0)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-4},
+                            kvstore=store)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = mx.nd.random
+    mx.random.seed(1 + rank)
+    data = rng.normal(shape=(args.batch_size,) + shape)
+    label = mx.nd.array([i % classes for i in range(args.batch_size)])
+    mx.nd.waitall()
+
+    def native_kv():
+        """The MXNet KVStore underneath (a PolicyStore wraps one in ``_kv``)."""
+        if store is None:
+            return barrier_kv
+        return getattr(store, "_kv", None) or store
+
+    num_workers = int((barrier_kv or store).num_workers)
+    step_batch = args.batch_size * (num_workers if args.algorithm == STOCK_SYNC else 1)
+
+    def barrier():
+        mx.nd.waitall()
+        native_kv()._barrier()
+
+    def iterate(count, times=None, step_times=None):
+        prev = time.perf_counter()
+        for _ in range(count):
+            with autograd.record():
+                loss = loss_fn(net(data), label)
+            loss.backward()
+            before_step = time.perf_counter()
+            trainer.step(step_batch)
+            after_step = time.perf_counter()
+            loss.wait_to_read()
+            now = time.perf_counter()
+            if times is not None:
+                times.append(now - prev)
+                step_times.append(after_step - before_step)
+            prev = now
+
+    t_setup = time.perf_counter()
+    iterate(args.warmup_iters)
+    warmup_s = time.perf_counter() - t_setup
+
+    servers = server_namespaces(args.num_servers) if (args.netns and rank == 0) else []
+    peers = job_peers() if rank == 0 else {}
+    barrier()
+    before = read_counters() if args.netns else None
+    server_before = read_server_counters(servers) if servers else None
+    job = job_namespaces()[0] if (args.netns and rank == 0 and args.root_netns_pid) else None
+    num_nodes = 1 + args.num_servers + num_workers
+    drops_before = read_drops(job, num_nodes, args.root_netns_pid) if job else None
+    peer_cpu_before = {pid: cpu_seconds(pid) for pid in peers}
+    system_before = system_cpu_seconds()
+    cpu_before = cpu_seconds()
+    barrier()
+    times, step_times = [], []
+    start = time.perf_counter()
+    iterate(args.iters, times, step_times)
+    loop_s = time.perf_counter() - start
+    mx.nd.waitall()
+    drained_s = time.perf_counter() - start
+    barrier()
+    cpu_after = cpu_seconds()
+    system_after = system_cpu_seconds()
+    after = read_counters() if args.netns else None
+    server_after = read_server_counters(servers) if servers else None
+    drops_after = read_drops(job, num_nodes, args.root_netns_pid) if job else None
+    peer_cpu = {}
+    for pid, role in peers.items():
+        now = cpu_seconds(pid)
+        if now is not None and peer_cpu_before.get(pid) is not None:
+            peer_cpu.setdefault(role, 0.0)
+            peer_cpu[role] += now - peer_cpu_before[pid]
+
+    hwm, rss = memory_kb()  # before profiling, which allocates for its records
+    profile = None
+    if args.profile_iters > 0:
+        profile = _profile(mx, args, rank, iterate, barrier)
+
+    record = {
+        "rank": rank,
+        "worker_index": int(worker_index) if worker_index is not None else rank,
+        "algorithm": args.algorithm,
+        "knobs": knobs,
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "num_params": num_params,
+        "param_bytes": 4 * num_params,
+        "warmup_iters": args.warmup_iters,
+        "warmup_s": warmup_s,
+        "iters": args.iters,
+        "iter_times_s": times,
+        # Python time inside trainer.step (the engine runs asynchronously)
+        "step_call_s": step_times,
+        "loop_s": loop_s,
+        "drained_s": drained_s,
+        "tx_bytes": after[0] - before[0] if args.netns else None,
+        "rx_bytes": after[1] - before[1] if args.netns else None,
+        "server_bytes": ([{"tx": a[0] - b[0], "rx": a[1] - b[1]}
+                          for b, a in zip(server_before, server_after)]
+                         if server_before and server_after else None),
+        # CPU seconds over the timed window (from barrier to barrier): this
+        # worker's process, and (rank 0 only) the servers' and the scheduler's
+        "cpu_s": cpu_after - cpu_before,
+        "peer_cpu_s": peer_cpu if rank == 0 else None,
+        # the whole machine's busy CPU seconds over the same window
+        "system_busy_s": system_after[0] - system_before[0],
+        "system_total_s": system_after[1] - system_before[1],
+        # packets dropped by the emulated links' tbf queues (all nodes, window)
+        "tbf_drops": ({k: drops_after[k] - drops_before[k] for k in drops_after}
+                      if drops_before and drops_after else None),
+        "vmhwm_kb": hwm,
+        "vmrss_kb": rss,
+        "profile": profile,
+        "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
+                                                   "MXNET_CPU_WORKER_NTHREADS")},
+    }
+    path = os.path.join(args.out_dir, "worker-%d.json" % rank)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+    print("bench worker %d: %s median %.1f ms over %d iterations"
+          % (rank, args.algorithm, 1e3 * sorted(times)[len(times) // 2] if times else 0,
+             len(times)))
+    _fast_exit(mx, native_kv())
+
+
+def _fast_exit(mx, kv):
+    """Leave the job now: finalize ps-lite, then exit without interpreter teardown.
+
+    Freeing the native store runs ps-lite's Finalize (a barrier with the other
+    workers; rank 0 then stops the servers).  The servers exit right after it,
+    and the launcher fails a job whose server exits while a worker still runs
+    for more than a few seconds -- which an ordinary interpreter and MXNet
+    engine teardown can exceed on a loaded machine.  Everything this process
+    produced is written before this point.
+    """
+    mx.nd.waitall()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mx.base.check_call(mx.base._LIB.MXKVStoreFree(kv.handle))
+    os._exit(0)
+
+
+def _profile(mx, args, rank, iterate, barrier):
+    """Profile ``--profile-iters`` iterations; returns the trace path and clock anchor."""
+    path = os.path.join(args.out_dir, "profile-%d.json" % rank)
+    mx.profiler.set_config(profile_all=True, filename=path, aggregate_stats=False)
+    barrier()
+    mx.profiler.set_state("run")
+    domain = mx.profiler.Domain("cpsgd-bench")
+    # clock anchor: the same instant on the wall clock and on the profiler's clock
+    anchor_wall_us = time.time() * 1e6
+    mx.profiler.Marker(domain, "bench-anchor").mark("process")
+    starts = []
+    for _ in range(args.profile_iters):
+        starts.append(time.time() * 1e6)
+        iterate(1)
+    mx.nd.waitall()
+    end_wall_us = time.time() * 1e6
+    mx.profiler.set_state("stop")
+    mx.profiler.dump(finished=True)
+    return {"file": os.path.basename(path), "anchor_wall_us": anchor_wall_us,
+            "iteration_starts_wall_us": starts, "end_wall_us": end_wall_us}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""cpsgd-bench end to end on a tiny configuration (numbers printed, not asserted).
+
+LeNet-5, 2 workers + 1 server, algorithms ssgd and cpsgd, 3 timed iterations,
+at rate ``none`` and, where network namespaces are available (root + iproute2),
+also at 100mbit, with ``--timeline``.  Only sanity is checked: the run succeeds,
+times are positive, and the JSON, Markdown and PNG files exist and are not
+empty.  The bench runs as a subprocess in its own process group; on a timeout or
+failure the group gets SIGTERM (the launcher and the network emulation tear down
+their jobs and namespaces), then SIGKILL, and every namespace the run created
+is removed.
+"""
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mxnet_cpsgd import netem
+from mxnet_cpsgd.bench import markdown_table, parse_list, rate_bps, summarize
+
+BUDGET_S = 85
+
+
+def _netns_available():
+    try:
+        netem.check_available()
+        return True
+    except netem.NetemError:
+        return False
+
+
+def _created_networks(out_dir):
+    """Emulated network names the bench's jobs reported in their launcher logs."""
+    names = set()
+    for path in glob.glob(os.path.join(out_dir, "runs", "*", "logs", "launcher.log")):
+        with open(path) as f:
+            names.update(re.findall(r"emulated network (cpsgd[0-9a-f]{5})", f.read()))
+    return names
+
+
+def _teardown(proc, out_dir):
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    if _netns_available():
+        mine = _created_networks(out_dir)
+        left = netem.leftovers()
+        ns = [n for n in left["namespaces"] if n.split("-")[0] in mine]
+        links = [n for n in left["links"] if n[:10] in mine]
+        if ns or links:
+            netem.remove_leftovers(ns, links)
+        return ns + links
+    return []
+
+
+def test_bench_end_to_end(tmp_path):
+    shaped = _netns_available()
+    rates = "none,100mbit" if shaped else "none"
+    out_dir = str(tmp_path / "bench")
+    cmd = [sys.executable, "-m", "mxnet_cpsgd.bench", "--model", "lenet",
+           "-n", "2", "-s", "1", "--batch-size", "16", "--rates", rates,
+           "--algorithms", "ssgd,cpsgd", "--iters", "3", "--warmup-iters", "2",
+           "--timeline", "--timeline-iters", "2", "--job-timeout", "60",
+           "--no-progress", "--out-dir", out_dir]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    left = []
+    try:
+        output, _ = proc.communicate(timeout=BUDGET_S)
+    except subprocess.TimeoutExpired:
+        left = _teardown(proc, out_dir)
+        output = proc.stdout.read() if proc.stdout else ""
+        pytest.fail("cpsgd-bench took more than %d s\n%s" % (BUDGET_S, output[-3000:]))
+    finally:
+        left = left or _teardown(proc, out_dir)
+    elapsed = time.monotonic() - started
+    print(output)
+    print("cpsgd-bench took %.1f s" % elapsed)
+    assert proc.returncode == 0, output[-3000:]
+    assert not left, "namespaces/links left behind: %s" % left
+
+    for name in ("results.json", "results.md", "time_vs_rate.png"):
+        path = os.path.join(out_dir, name)
+        assert os.path.getsize(path) > 0, path
+    with open(os.path.join(out_dir, "results.json")) as f:
+        result = json.load(f)
+    rows = result["rows"]
+    expected = {("-", "compute")} | {(r, a) for r in parse_list(rates)
+                                     for a in ("ssgd", "cpsgd")}
+    assert {(r["rate"], r["algorithm"]) for r in rows} == expected
+    for row in rows:
+        assert row["failure"] is None
+        assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"], row
+        assert row["peak_rss_mb"] > 0
+        if row["algorithm"] != "compute" and shaped:
+            assert row["bytes_per_iter"] > 0, row
+            if rate_bps(row["rate"]) is not None:
+                assert row["transfer_bound_ms"] > 0, row
+    assert result["compute_ms"] > 0
+    # timelines: one merged trace per distributed run, one PNG per rate
+    for rate in parse_list(rates):
+        png = os.path.join(out_dir, "timeline-%s.png" % rate)
+        assert os.path.getsize(png) > 0, png
+        for algorithm in ("ssgd", "cpsgd"):
+            trace = os.path.join(out_dir, "timeline", "%s-%s.trace.json" % (rate, algorithm))
+            with open(trace) as f:
+                events = json.load(f)["traceEvents"]
+            pids = {e["pid"] for e in events if e.get("ph") == "X"}
+            assert pids == {0, 1}, (trace, pids)
+            assert any(e.get("cat") in ("push", "pull") for e in events), trace
+    print(markdown_table(rows))
+
+
+def test_summarize_transfer_bound():
+    """The bound is the busiest link direction's bytes x 8 / rate."""
+    run = {"rate": "100mbit", "algorithm": "ssgd", "failure": None, "load_before": [0, 0, 0],
+           "load_after": [0, 0, 0], "workers": [
+               {"rank": r, "iter_times_s": [0.1, 0.2, 0.3], "loop_s": 0.6, "drained_s": 0.6,
+                "iters": 3,
+                "batch_size": 32, "param_bytes": 1000, "num_params": 250,
+                "vmhwm_kb": 1024 * (100 + r), "tx_bytes": 3000, "rx_bytes": 6000,
+                "server_bytes": [{"tx": 12000, "rx": 6000}] if r == 0 else None}
+               for r in range(2)]}
+    row = summarize(run, 1)
+    assert row["median_ms"] == pytest.approx(200.0)
+    assert row["bytes_per_iter"] == pytest.approx(3000.0)
+    assert row["busiest_link"] == "server 0 up"
+    assert row["transfer_bound_ms"] == pytest.approx(1e3 * 4000 * 8 / 100e6)
+    assert row["peak_rss_mb"] == pytest.approx(101.0)
