@@ -185,6 +185,7 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     if algorithm == COMPUTE_ONLY:
         emulate = args.unshaped_rate if use_netns else None  # nothing to shape
     env = dict(THREAD_ENV)
+    env["MXNET_CPU_WORKER_NTHREADS"] = str(args.engine_threads)
     load_before = os.getloadavg()
     started = time.time()
     try:
@@ -616,6 +617,9 @@ def _parser():
                    help="profile --timeline-iters extra iterations per run with MXNet's "
                         "profiler; merged traces and a bitsgd/cpsgd PNG per rate")
     p.add_argument("--timeline-iters", type=int, default=4)
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="MXNET_CPU_WORKER_NTHREADS of every process (default 1: one engine "
+                        "thread per process; OMP_NUM_THREADS stays 1)")
     p.add_argument("--worker-setup", metavar="FILE", default=None,
                    help="a Python file every worker runs after importing mxnet_cpsgd and "
                         "before creating its store (e.g. a patch to try on a store)")
@@ -644,6 +648,8 @@ def _validate(args):
             sorted(set(MODEL_ALIASES)))))
     if args.num_workers < 1 or args.num_servers < 1 or args.batch_size < 1:
         raise BenchError("workers, servers and batch size must be >= 1")
+    if args.engine_threads < 1:
+        raise BenchError("--engine-threads must be >= 1")
     if args.repeats < 1:
         raise BenchError("--repeats must be >= 1")
     if args.iters < 1 or args.warmup_iters < 0:
@@ -795,9 +801,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = {k: getattr(args, k) for k in (
         "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
         "algo_warmup_steps", "threshold", "correction_period", "timeline", "repeats",
-        "timeline_iters", "unshaped_rate")}
+        "timeline_iters", "unshaped_rate", "engine_threads")}
     config.update({"rates": rates, "algorithms": args.algorithm_list, "none_mode": none_mode,
-                   "thread_env": THREAD_ENV})
+                   "thread_env": dict(THREAD_ENV,
+                                      MXNET_CPU_WORKER_NTHREADS=str(args.engine_threads))})
     result = {
         "command": "cpsgd-bench " + " ".join(argv),
         "code": code_fingerprint(),

@@ -265,7 +265,7 @@ def _main(args):
     import mxnet as mx
     from mxnet import autograd, gluon
 
-    import mxnet_cpsgd
+    import mxnet_cpsgd  # noqa: F401  (registers the stores)
     from mxnet_cpsgd import models
 
     if args.setup:
