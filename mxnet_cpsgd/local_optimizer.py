@@ -43,7 +43,16 @@ class LocalOptimizer:
         self._updater = mx.optimizer.get_updater(local)
 
     def step(self, index, weight, grad):
-        """weight <- Opt_l(weight, grad), in place (an asynchronous engine op)."""
+        """weight <- Opt_l(weight, grad), in place (asynchronous engine ops).
+
+        Args:
+            index: a parameter index, or a list of them.
+            weight: the weights (or a list, one per index), updated in place.
+            grad: the summed gradient (or a list, one per index).
+
+        With lists, MXNet's updater groups the parameters into multi-tensor
+        updates (``optimizer.aggregate_num`` at a time).
+        """
         self.optimizer.rescale_grad = self._source.rescale_grad * self._num_workers
         if self._follow_lr:
             self.optimizer.lr = self._source.lr

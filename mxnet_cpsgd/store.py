@@ -94,9 +94,10 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._updater = None
         self._state_per_element = 0
         self._loaded_server_weights = {}  # index -> weights the servers apply next round
-        self._pushed_keys = ()            # keys gluon pushes every step (grad_req != 'null')
         self._pulls_in_flight = {}        # key -> arrays its latest pull writes
-        self._dense_step = None           # open dense step: deferred pulls, keys left
+        self._pending = {}                # key -> recorded pushpull of the open step
+        self._step_left = set()           # trainable keys the open step still waits for
+        self._checked = set()             # keys whose gradient arrays were checked
 
     # ------------------------------------------------------------------ setup
     def _resolve(self, params):
@@ -198,8 +199,6 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
                                  bigarray_bound())
         self._adopt_optimizer(optimizer)
-        self._pushed_keys = frozenset(i for i, p in optimizer.param_dict.items()
-                                      if p.grad_req != "null")
 
     def _server_optimizer(self, optimizer):
         chosen = self._policy.server_optimizer(optimizer, self._kv.num_workers)
@@ -300,48 +299,31 @@ class PolicyStore(mx.kv.KVStoreBase):
         else:
             self._kv.push(keys, values, priority=priority)
 
-    def _issue_pulls(self, pulls, priority=0):
-        for k, targets in pulls:
-            self._kv.pull(k, out=targets, priority=priority)
-            if self._switch is not None:
-                self._pulls_in_flight[k] = targets
-
-    def _push_dense_in_step(self, key, keys, values, pulls, priority):
-        """A dense push on a compressed store, without racing MXNet's pulls.
+    def _wait_for_pulls(self):
+        """Block until no pull of this store runs (the compression switch needs that).
 
         The switch flips the compression type that MXNet's pull operations also
-        read, on engine threads, while they run (``EncodeCompressedKey`` aborts with
-        "Unsupported compression type: 0" if the type changes under it).  So
-        while a step pushes dense, no pull may be in flight: the pulls still
-        running from earlier steps are waited for before the step's first dense
-        push (the next local update needs them anyway), and the step's own pulls
-        are issued together after its last dense push.
+        read, on engine threads, while they run (``EncodeCompressedKey`` aborts
+        with "Unsupported compression type: 0" if the type changes under it).
+        Pushes are safe: MXNet picks dense or compressed in the calling thread.
         """
-        step = self._dense_step
-        if step is not None and key not in step["left"]:
-            self._close_dense_step()  # a new step began before the last one completed
-            step = None
-        if step is None:
-            for targets in self._pulls_in_flight.values():
-                for array in targets:
-                    array.wait_to_read()
-            self._pulls_in_flight = {}
-            step = self._dense_step = {"left": set(self._pushed_keys), "pulls": []}
-        self._dense_push(keys, values, priority)
-        step["pulls"].append((pulls, priority))
-        step["left"].discard(key)
-        if not step["left"]:
-            self._close_dense_step()
-
-    def _close_dense_step(self):
-        step, self._dense_step = self._dense_step, None
-        if step is not None:
-            for pulls, priority in step["pulls"]:
-                self._issue_pulls(pulls, priority)
+        for targets in self._pulls_in_flight.values():
+            for array in targets:
+                array.wait_to_read()
+        self._pulls_in_flight = {}
 
     # -------------------------------------------------------------- pushpull
     def pushpull(self, key, value, out=None, priority=0):
         """One iteration of the algorithm for parameter ``key``.
+
+        gluon.Trainer calls this once per trainable parameter per step.  The
+        store records each call and carries out the whole step when the last
+        trainable parameter arrives (or when a key comes round again), so that
+        the local updates run as a few multi-tensor operations and a dense
+        round flips the compression switch once.  A list of keys is one step
+        of its own and is carried out before the call returns.  Every
+        operation is asynchronous: the call returns without waiting for the
+        network.
 
         Args:
             key: the Trainer's parameter index (or a list of them).
@@ -354,65 +336,136 @@ class PolicyStore(mx.kv.KVStoreBase):
             raise RuntimeError(
                 "kvstore '%s' needs update_on_kvstore=True: pushpull without out= "
                 "(gradient all-reduce) is not supported" % self.policy_class.name)
-        keys = key if isinstance(key, (list, tuple)) else [key]
-        if len(keys) != 1:
-            for k, v, o in zip(keys, value, out):
-                self.pushpull(k, v, o, priority)
+        if isinstance(key, (list, tuple)):
+            if not (len(key) == len(value) == len(out)):
+                raise ValueError("pushpull got %d keys, %d values and %d outputs"
+                                 % (len(key), len(value), len(out)))
+            self._flush_step()
+            for k, v, o in zip(key, value, out):
+                self._record(k, v, o, priority)
+            self._flush_step()
             return
-        key = keys[0]
-        grads = value if isinstance(value, (list, tuple)) else [value]
-        outs = out if isinstance(out, (list, tuple)) else [out]
+        self._record(key, value, out, priority)
+        if not self._step_left:
+            self._flush_step()
+
+    def _record(self, key, value, out, priority):
         param = self._params.get(key)
         if param is None:
             raise RuntimeError("key %d was not initialised (broadcast) before pushpull" % key)
-        for g in grads:
-            self._check_array(key, g)
-        step = self._steps[key]
-        plan = self._policy.plan(step)
+        grads = list(value) if isinstance(value, (list, tuple)) else [value]
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if key not in self._checked:
+            # gradient arrays are fixed after the first step: check them once
+            for g in grads:
+                self._check_array(key, g)
+            self._checked.add(key)
+        if key in self._pending:
+            self._flush_step()  # a new step began before the last one was complete
+        if not self._pending:
+            # read at every step: a user may freeze (grad_req='null') parameters later
+            self._step_left = {i for i, p in self._optimizer.param_dict.items()
+                               if p.grad_req != "null" and i in self._params}
+        self._pending[key] = (param, grads, outs, priority)
+        self._step_left.discard(key)
 
-        send = param.send
-        if len(grads) == 1:
-            grads[0].copyto(send)
-        else:
-            mx.nd.add_n(*[g.as_in_context(send.context) for g in grads], out=send)
-
-        if plan.local is not Local.NONE:
-            weights = outs[0]
-            if plan.local is Local.FROM_GLOBAL:
-                param.glob.copyto(weights)
-                self._local.step(key, weights, send)
+    def _flush_step(self):
+        """Issue everything the recorded keys' plans ask for, in dependency order."""
+        pending, self._pending, self._step_left = self._pending, {}, set()
+        if not pending:
+            return
+        items = [(key, param, grads, outs, priority, self._policy.plan(self._steps[key]))
+                 for key, (param, grads, outs, priority) in pending.items()]
+        # 1. the summed gradient; a step that pushes nothing can use it in place
+        sources = {}
+        for key, param, grads, outs, priority, plan in items:
+            if len(grads) > 1:
+                mx.nd.add_n(*[g.as_in_context(param.send.context) for g in grads],
+                            out=param.send)
+                sources[key] = param.send
+            elif plan.push is Push.NONE:
+                sources[key] = grads[0]
             else:
-                glu = self._policy.glu_weight
-                toward_sync = (param.glob - weights) * glu if glu else None
-                self._local.step(key, weights, send)
-                if toward_sync is not None:
-                    weights += toward_sync
+                grads[0].copyto(param.send)
+                sources[key] = param.send
+        # 2. local updates, one aggregated optimizer call per kind
+        for kind in (Local.FROM_GLOBAL, Local.FROM_LOCAL):
+            group = [it for it in items if it[5].local is kind]
+            if group:
+                self._local_update(kind, group, sources)
+        # 3. pushes (and the pulls of uncompressed dense rounds, in one pushpull)
+        pulls, switched = [], []
+        for key, param, grads, outs, priority, plan in items:
+            if plan.pull is Pull.SYNC:
+                targets = [param.glob] + outs
+            elif plan.pull is Pull.BACKGROUND:
+                targets = [param.glob]
+            else:
+                targets = []
+            if plan.push is Push.NONE:
+                pulls.append((param, targets, priority))
+            elif plan.push is Push.DENSE and self._switch is not None:
+                switched.append((param, targets, priority))
+            elif plan.push is Push.DENSE and targets:
+                # the server answers the push with the new weights: one round trip
+                for (k, send_part), target_parts in zip(param.parts(param.send),
+                                                        self._part_lists(param, targets)):
+                    self._kv.pushpull(k, send_part, out=target_parts, priority=priority)
+            else:
+                parts = param.parts(param.send)
+                self._kv.push([k for k, _ in parts], [v for _, v in parts],
+                              priority=priority)
+                pulls.append((param, targets, priority))
+        if switched:
+            self._wait_for_pulls()  # the next local update needs them anyway
+            with self._switch.dense():
+                for param, targets, priority in switched:
+                    parts = param.parts(param.send)
+                    self._kv.push([k for k, _ in parts], [v for _, v in parts],
+                                  priority=priority)
+            pulls.extend(switched)
+        # 4. pulls, after the switch is back
+        for param, targets, priority in pulls:
+            if not targets:
+                continue
+            for chunk, target_parts in zip(param.chunks, self._part_lists(param, targets)):
+                self._kv.pull(chunk.key, out=target_parts, priority=priority)
+                if self._switch is not None:
+                    self._pulls_in_flight[chunk.key] = target_parts
+        for key, param, grads, outs, priority, plan in items:
+            if plan.push is not Push.NONE:
+                self._rounds[key] += 1
+                self._loaded_server_weights.pop(key, None)
+            self._steps[key] += 1
+
+    @staticmethod
+    def _part_lists(param, arrays):
+        """Per chunk of ``param``: the list of that chunk's view of each array."""
+        return [[view for _, view in parts] for parts in
+                zip(*[param.parts(a) for a in arrays])]
+
+    def _local_update(self, kind, group, sources):
+        """The workers' own step for ``group`` (items of one ``Local`` kind)."""
+        keys = [it[0] for it in group]
+        weights = [it[3][0] for it in group]
+        grads = [sources[k] for k in keys]
+        if kind is Local.FROM_GLOBAL:
+            for (key, param, _, _, _, _), w in zip(group, weights):
+                param.glob.copyto(w)
+            self._local.step(keys, weights, grads)
+        else:
+            glu = self._policy.glu_weight
+            toward_sync = ([(it[1].glob - w) * glu for it, w in zip(group, weights)]
+                           if glu else None)
+            self._local.step(keys, weights, grads)
+            if toward_sync is not None:
+                for w, t in zip(weights, toward_sync):
+                    w += t
+        for key, param, _, outs, _, plan in group:
             for other in outs[1:]:
-                weights.copyto(other)
+                outs[0].copyto(other)
             if plan.payload is Payload.MODEL_DELTA:
-                mx.nd.elemwise_sub(param.glob, weights, out=send)
-
-        if plan.pull is Pull.SYNC:
-            targets = [param.glob] + list(outs)
-        elif plan.pull is Pull.BACKGROUND:
-            targets = [param.glob]
-        else:
-            targets = []
-        pulls = [(chunk_parts[0][0], [p for _, p in chunk_parts])
-                 for chunk_parts in zip(*[param.parts(t) for t in targets])]
-
-        if plan.push is not Push.NONE:
-            parts = param.parts(send)
-            keys_, vals = [k for k, _ in parts], [v for _, v in parts]
-            if plan.push is Push.DENSE and self._switch is not None:
-                self._push_dense_in_step(key, keys_, vals, pulls, priority)
-                pulls = []  # issued with the step's last dense push
-            else:
-                self._kv.push(keys_, vals, priority=priority)
-            self._rounds[key] += 1
-            self._loaded_server_weights.pop(key, None)
-        self._issue_pulls(pulls, priority)
-        self._steps[key] = step + 1
+                mx.nd.elemwise_sub(param.glob, outs[0], out=param.send)
 
     # ----------------------------------------------------------- save / load
     def save_optimizer_states(self, fname, dump_optimizer=False):
@@ -427,7 +480,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         """
         if self._optimizer is None:
             raise RuntimeError("nothing to save before the first trainer.step()")
-        self._close_dense_step()
+        self._flush_step()
         if not self._mirrors:
             raise RuntimeError(
                 "kvstore '%s' cannot save the servers' optimizer state of %s: its state "
@@ -494,7 +547,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                                  % (fname, index, "missing" if entry is None else
                                     "has shape %s, expected %s"
                                     % (entry["weights"].shape, tuple(param.shape))))
-        self._close_dense_step()
+        self._flush_step()
         mx.nd.waitall()
         if blob["optimizer"] is not None:
             # like MXNet's own Trainer.load_states: continue with the saved optimizer

@@ -93,3 +93,25 @@ def test_bitsgd_bitwise_equals_stock_mxnet_2bit(worker_job):
                                                    {"type": "2bit", "threshold": 1.0}))
     mine = jobutil.run_recording(worker_job, spec("bitsgd", knobs))
     assert_same_runs(mine, stock, "bitsgd vs stock MXNet 2-bit (push then pull)")
+
+
+# (d) ----------------------------------------------------------------------
+#: two devices per worker, and the Trainer's last parameter frozen (grad_req='null')
+#: from iteration 5: the store carries a step out when its last trainable key arrives
+TWO_DEVICES_FROZEN = {"devices": 2, "freeze": {"at": 5, "params": ["h0_out_bias"]}}
+
+
+@pytest.mark.parametrize("kvstore,knobs", [
+    ("ssgd", None),
+    ("cpsgd", {"warmup_steps": 1000, "correction_period": 3, "threshold": 1.0}),
+])
+def test_two_devices_and_frozen_parameter_equal_dist_sync(worker_job, kvstore, knobs):
+    base = jobutil.run_recording(worker_job, spec("dist_sync", **TWO_DEVICES_FROZEN))
+    mine = jobutil.run_recording(worker_job, spec(kvstore, knobs, **TWO_DEVICES_FROZEN))
+    frozen = base.params.index("h0_out_bias")
+    assert frozen == len(base.params) - 1
+    T = base.spec["iterations"]
+    w = [base.weights(0, t)["h0_out_bias"] for t in range(T + 1)]
+    assert not np.array_equal(w[4], w[5]) and all(np.array_equal(w[5], v) for v in w[5:])
+    assert_same_runs(mine, base, "%s vs MXNet dist_sync (2 devices per worker, last "
+                     "parameter frozen at iteration 5)" % kvstore)

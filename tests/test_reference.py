@@ -233,6 +233,17 @@ def test_cpsgd_matches_reference(worker_job, case):
         assert max(int(np.prod(rec.weights(0, 0)[n].shape)) for n in rec.params) >= 10 ** 6
 
 
+@pytest.mark.parametrize("algorithm,knobs", [
+    ("cpsgd", CPSGD_KNOBS),
+    ("localsgd", {"sync_period": 4}),
+])
+def test_two_devices_per_worker_match_reference(worker_job, algorithm, knobs):
+    """Each worker sums its 2 devices' gradients; every device gets the same weights
+    (record_weights.py fails otherwise); the reference sees the whole batch."""
+    rec = jobutil.run_recording(worker_job, spec(algorithm, knobs, iterations=14, devices=2))
+    check_against_reference(rec, algorithm, knobs)
+
+
 def test_ssdsgd_matches_reference(worker_job):
     knobs = {"warmup_steps": 3, "sync_period": 4, "glu_weight": 0.5}
     rec = jobutil.run_recording(worker_job, spec("ssdsgd", knobs))

@@ -14,6 +14,8 @@ argument: a JSON spec (see ``tests/workers/jobutil.py``)::
                {"kind": "linear", "in": 4, "out": 2, "loss": "linear"}],
      "iterations": 20, "batch": 4, "seed": 7, "x_scale": 1.0,
      "record_grads": true, "final_sync": false,
+     "devices": 1,                  # CPU contexts per worker; the batch is split evenly
+     "freeze": null | {"at": t, "params": [names]},  # grad_req='null' from iteration t
      "out": "/some/dir"}
 
 Every head is its own block with its own inputs and targets; all heads share one
@@ -30,7 +32,8 @@ Output ``<out>/rank<r>.npz``: ``x<h>``/``y<h>`` (iterations, batch, ...) per hea
 ``w:<param>`` (iterations + 1, ...): the worker's weights before the first step and
 after every step, and with ``record_grads`` ``g:<param>`` (iterations, ...): the
 gradient MXNet computed (summed over the batch) at the weights the step started
-from.  With ``final_sync`` the workers meet at a barrier after training and take
+from (with several devices: summed over them; every device must hold the same
+weights after every step, or the worker fails).  With ``final_sync`` the workers meet at a barrier after training and take
 one more step with zero gradients, whose pull brings the final global weights;
 they are saved as ``final:<param>``.  ``<out>/rank<r>.json`` holds the metadata.
 """
@@ -45,7 +48,7 @@ from mxnet import autograd, gluon
 import mxnet_cpsgd  # noqa: F401  (registers the stores)
 
 
-def make_head(index, spec):
+def make_head(index, spec, ctx):
     prefix = "h%d_" % index
     if spec["kind"] == "linear":
         net = gluon.nn.Dense(spec["out"], in_units=spec["in"], prefix=prefix + "out_")
@@ -57,7 +60,7 @@ def make_head(index, spec):
             net.add(gluon.nn.Dense(spec["out"], in_units=spec["hidden"], prefix="out_"))
     else:
         raise ValueError("unknown head kind %r" % spec["kind"])
-    net.initialize(mx.init.Zero())
+    net.initialize(mx.init.Zero(), ctx=ctx)
     rng = np.random.RandomState([spec.get("init_seed", 0), index])
     for name, param in sorted(net.collect_params().items()):
         scale = 0.5 if name.endswith("weight") else 0.1
@@ -88,6 +91,7 @@ def make_data(spec, heads, rank):
 
 def head_loss(net, head, x, y):
     out = net(x)
+    y = y.as_in_context(out.context)
     if head.get("loss", "squared") == "squared":
         return 0.5 * ((out - y) ** 2).sum()
     if head["loss"] == "linear":
@@ -101,7 +105,8 @@ def main():
     heads = spec["heads"]
     for i, head in enumerate(heads):
         head.setdefault("init_seed", spec["seed"])
-    nets = [make_head(i, h) for i, h in enumerate(heads)]
+    ctx = [mx.cpu(d) for d in range(spec.get("devices", 1))]
+    nets = [make_head(i, h, ctx) for i, h in enumerate(heads)]
     params = gluon.ParameterDict()
     for net in nets:
         params.update(net.collect_params())
@@ -147,15 +152,27 @@ def main():
     for n in names:
         weights[n][0] = params[n].data().asnumpy()
 
+    freeze = spec.get("freeze")
+    if freeze:
+        unknown = sorted(set(freeze["params"]) - set(names))
+        if unknown:
+            raise ValueError("freeze names unknown parameters %s (have %s)" % (unknown, names))
     for t in range(iters):
+        if freeze and t == freeze["at"]:
+            for n in freeze["params"]:
+                params[n].grad_req = "null"
         with autograd.record():
-            losses = [head_loss(net, head, mx.nd.array(x[t]), mx.nd.array(y[t]))
-                      for net, head, (x, y) in zip(nets, heads, data)]
-            total = mx.nd.add_n(*losses) if len(losses) > 1 else losses[0]
-        total.backward()
+            losses = []
+            for d, c in enumerate(ctx):  # device d gets its share of the batch
+                part = slice(d * batch // len(ctx), (d + 1) * batch // len(ctx))
+                losses += [head_loss(net, head, mx.nd.array(x[t][part], ctx=c),
+                                     mx.nd.array(y[t][part], ctx=c))
+                           for net, head, (x, y) in zip(nets, heads, data)]
+        autograd.backward(losses)
         if grads is not None:
             for n in names:
-                grads[n][t] = params[n].grad().asnumpy()
+                if params[n].grad_req != "null":
+                    grads[n][t] = sum(g.asnumpy() for g in params[n].list_grad())
         if trainer is not None:
             trainer.step(batch)
         else:
@@ -163,7 +180,12 @@ def main():
                 raw_kv.push(i, params[n].grad(), priority=-i)
                 raw_kv.pull(i, out=params[n].data(), priority=-i)
         for n in names:
-            weights[n][t + 1] = params[n].data().asnumpy()
+            copies = [a.asnumpy() for a in params[n].list_data()]
+            for d, other in enumerate(copies[1:], 1):
+                if not np.array_equal(copies[0], other):
+                    raise AssertionError("after step %d the weights of %s differ between "
+                                         "devices 0 and %d" % (t, n, d))
+            weights[n][t + 1] = copies[0]
 
     mx.nd.waitall()
     final = {}
