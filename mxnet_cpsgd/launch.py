@@ -44,8 +44,11 @@ _POLL_S = 0.02
 #: how long servers/scheduler may take to exit after the last worker
 _SHUTDOWN_WAIT_S = 5.0
 #: a server or scheduler exiting cleanly at the very end may beat the last
-#: worker's own exit by a moment (ps-lite finalizes before the worker exits)
-_PS_EXIT_GRACE_S = 3.0
+#: worker's own exit (ps-lite finalizes before the worker's interpreter shuts
+#: down, which took over 3 s once on a loaded machine); a clean exit of a server
+#: happens only after every worker finalized, so waiting longer costs nothing
+#: but the delay before an odd ending is reported (a crash is reported at once)
+_PS_EXIT_GRACE_S = 10.0
 #: SIGTERM -> SIGKILL grace, capped at a share of --timeout
 _TERM_GRACE_S = 3.0
 _MESSAGE_PREFIX = "cpsgd-launch: "
