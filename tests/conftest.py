@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from mxnet_cpsgd.launch import run_job
-from procs import kill_all, processes_with_env
+from procs import kill_all, marked_processes, processes_with_env
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
@@ -81,3 +81,10 @@ def worker_job():
     """Run a script of tests/workers/ in a fresh job: see the module docstring."""
     return _run
 
+
+@pytest.fixture
+def mark():
+    """A unique value for procs.MARK_VAR; afterwards every marked process is SIGKILLed."""
+    value = uuid.uuid4().hex
+    yield value
+    kill_all(marked_processes(value))

@@ -7,6 +7,9 @@ import os
 import signal
 import time
 
+#: the environment variable that marks a test's processes (see the ``mark`` fixture)
+MARK_VAR = "CPSGD_TEST_MARK"
+
 
 def _is_zombie(pid):
     with open("/proc/%s/stat" % pid) as f:
@@ -30,6 +33,11 @@ def processes_with_env(**wanted):
             continue
         found.append(int(pid))
     return found
+
+
+def marked_processes(mark):
+    """pids of live processes carrying MARK_VAR=mark."""
+    return processes_with_env(**{MARK_VAR: mark})
 
 
 def pid_alive(pid):

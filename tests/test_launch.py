@@ -11,10 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
-from procs import kill_all, pid_alive, processes_with_env
+from procs import MARK_VAR, marked_processes, pid_alive
 
 from mxnet_cpsgd.launch import LaunchError, main, parse_env, run_job
 
@@ -25,7 +24,6 @@ except ImportError:
     pytestmark = []
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK_VAR = "LAUNCH_TEST_MARK"
 #: one thread per process: the test machine may have 2 cores
 NODE_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
 
@@ -89,18 +87,6 @@ while True:
 """
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
-
-
-def marked_processes(mark):
-    return processes_with_env(**{MARK_VAR: mark})
-
-
-@pytest.fixture
-def mark():
-    """A unique mark; afterwards every marked process is SIGKILLed."""
-    value = uuid.uuid4().hex
-    yield value
-    kill_all(marked_processes(value))
 
 
 class TimedStream:

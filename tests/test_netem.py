@@ -10,10 +10,9 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
 
 import pytest
-from procs import kill_all, pid_alive, processes_with_env
+from procs import MARK_VAR, marked_processes, pid_alive
 
 from mxnet_cpsgd import netem
 from mxnet_cpsgd.launch import run_job
@@ -38,7 +37,6 @@ needs_netns = pytest.mark.skipif(_REASON is not None,
                                  reason="network emulation unavailable: %s" % _REASON)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK_VAR = "NETEM_TEST_MARK"
 NODE_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
 
 # Receiver: listen on its address, count bytes from the first to the last.
@@ -111,18 +109,6 @@ def remove_job(name):
 def job_name(output):
     match = re.search(r"emulated network (cpsgd[0-9a-f]{5})", output)
     return match.group(1) if match else None
-
-
-def marked_processes(mark):
-    return processes_with_env(**{MARK_VAR: mark})
-
-
-@pytest.fixture
-def mark():
-    """A unique mark; afterwards every marked process is SIGKILLed."""
-    value = uuid.uuid4().hex
-    yield value
-    kill_all(marked_processes(value))
 
 
 @pytest.fixture
