@@ -23,7 +23,7 @@ for _path in (HERE, os.path.join(HERE, "workers")):
 
 import jobutil  # noqa: E402
 import reference as ref  # noqa: E402
-from jobutil import MOMENTUM, spec  # noqa: E402
+from jobutil import spec  # noqa: E402
 
 CHUNKY_MLP = [{"kind": "mlp", "in": 40, "hidden": 30, "out": 3}]
 SMALL_BOUND = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
