@@ -17,6 +17,7 @@ and the worker's weights are the Trainer's own parameter arrays (L).
 """
 import os
 import pickle
+from typing import NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -51,6 +52,16 @@ class _Param:
             return [(self.chunks[0].key, array)]
         flat = array.reshape(-1)
         return [(c.key, flat[c.start:c.stop]) for c in self.chunks]
+
+
+class _StepItem(NamedTuple):
+    """One parameter's share of an open step, as gluon handed it to pushpull."""
+    key: int
+    param: _Param
+    grads: list      # the gradient on each device
+    outs: list       # the weights on each device (outs[0] is the worker's L)
+    priority: int
+    plan: object     # the policy's StepPlan for this iteration
 
 
 class _UpdaterView:
@@ -366,16 +377,15 @@ class PolicyStore(mx.kv.KVStoreBase):
             # read at every step: a user may freeze (grad_req='null') parameters later
             self._step_left = {i for i, p in self._optimizer.param_dict.items()
                                if p.grad_req != "null" and i in self._params}
-        self._pending[key] = (param, grads, outs, priority)
+        self._pending[key] = _StepItem(key, param, grads, outs, priority,
+                                       self._policy.plan(self._steps[key]))
         self._step_left.discard(key)
 
     def _flush_step(self):
         """Issue everything the recorded keys' plans ask for, in dependency order."""
-        pending, self._pending, self._step_left = self._pending, {}, set()
-        if not pending:
+        items, self._pending, self._step_left = list(self._pending.values()), {}, set()
+        if not items:
             return
-        items = [(key, param, grads, outs, priority, self._policy.plan(self._steps[key]))
-                 for key, (param, grads, outs, priority) in pending.items()]
         # 1. the summed gradient; a step that pushes nothing can use it in place
         sources = {}
         for key, param, grads, outs, priority, plan in items:
@@ -390,7 +400,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                 sources[key] = param.send
         # 2. local updates, one aggregated optimizer call per kind
         for kind in (Local.FROM_GLOBAL, Local.FROM_LOCAL):
-            group = [it for it in items if it[5].local is kind]
+            group = [it for it in items if it.plan.local is kind]
             if group:
                 self._local_update(kind, group, sources)
         # 3. pushes (and the pulls of uncompressed dense rounds, in one pushpull)
@@ -412,17 +422,13 @@ class PolicyStore(mx.kv.KVStoreBase):
                                                         self._part_lists(param, targets)):
                     self._kv.pushpull(k, send_part, out=target_parts, priority=priority)
             else:
-                parts = param.parts(param.send)
-                self._kv.push([k for k, _ in parts], [v for _, v in parts],
-                              priority=priority)
+                self._push_send(param, priority)
                 pulls.append((param, targets, priority))
         if switched:
             self._wait_for_pulls()  # the next local update needs them anyway
             with self._switch.dense():
-                for param, targets, priority in switched:
-                    parts = param.parts(param.send)
-                    self._kv.push([k for k, _ in parts], [v for _, v in parts],
-                                  priority=priority)
+                for param, _, priority in switched:
+                    self._push_send(param, priority)
             pulls.extend(switched)
         # 4. pulls, after the switch is back
         for param, targets, priority in pulls:
@@ -438,6 +444,11 @@ class PolicyStore(mx.kv.KVStoreBase):
                 self._loaded_server_weights.pop(key, None)
             self._steps[key] += 1
 
+    def _push_send(self, param, priority):
+        """Push ``param.send`` (each chunk to its own key)."""
+        parts = param.parts(param.send)
+        self._kv.push([k for k, _ in parts], [v for _, v in parts], priority=priority)
+
     @staticmethod
     def _part_lists(param, arrays):
         """Per chunk of ``param``: the list of that chunk's view of each array."""
@@ -446,16 +457,16 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     def _local_update(self, kind, group, sources):
         """The workers' own step for ``group`` (items of one ``Local`` kind)."""
-        keys = [it[0] for it in group]
-        weights = [it[3][0] for it in group]
+        keys = [it.key for it in group]
+        weights = [it.outs[0] for it in group]
         grads = [sources[k] for k in keys]
         if kind is Local.FROM_GLOBAL:
-            for (key, param, _, _, _, _), w in zip(group, weights):
-                param.glob.copyto(w)
+            for it, w in zip(group, weights):
+                it.param.glob.copyto(w)
             self._local.step(keys, weights, grads)
         else:
             glu = self._policy.glu_weight
-            toward_sync = ([(it[1].glob - w) * glu for it, w in zip(group, weights)]
+            toward_sync = ([(it.param.glob - w) * glu for it, w in zip(group, weights)]
                            if glu else None)
             self._local.step(keys, weights, grads)
             if toward_sync is not None:
