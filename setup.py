@@ -21,8 +21,8 @@ setup(
     entry_points={
         "console_scripts": [
             "cpsgd-launch=mxnet_cpsgd.launch:main",
-            "cpsgd-bench=mxnet_cpsgd.bench:main",
-            "cpsgd-reproduce=mxnet_cpsgd.reproduce:main",
+            "cpsgd-bench=mxnet_cpsgd.bench.cli:main",
+            "cpsgd-reproduce=mxnet_cpsgd.repro.runner:main",
         ],
     },
 )

@@ -22,10 +22,10 @@ if _os.environ.get("DMLC_ROLE") in ("server", "scheduler"):
 else:
     from kvstore_ext import trainer_hook as _trainer_hook
 
-    from .config import AlgorithmConfig, ConfigError
-    from .policies import POLICIES
-    from .stores import STORES
-    from .horovod_store import Horovod as _Horovod  # imports horovod itself lazily
+    from .stores.config import AlgorithmConfig, ConfigError
+    from .stores.policies import POLICIES
+    from .stores.registry import STORES
+    from .stores.allreduce.horovod import Horovod as _Horovod  # imports horovod itself lazily
 
     # every store this package registers with MXNet, by name
     _ALL_STORES = dict(STORES, horovod=_Horovod)

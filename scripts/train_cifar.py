@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd import train_common  # noqa: E402
+from mxnet_cpsgd.training import common as train_common  # noqa: E402
 
 # GluonCV's CIFAR-10 recipe for ResNet-20 (per worker: batch 128 per device)
 DEFAULTS = {

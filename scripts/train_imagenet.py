@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd import train_common  # noqa: E402
+from mxnet_cpsgd.training import common as train_common  # noqa: E402
 
 # GluonCV's ResNet-50 v1 recipe (lr 0.1 per 256 images, cosine) with a per-worker
 # batch of 32 (the CP-SGD paper's setting): lr = 0.1 * 32 / 256 per worker; the

@@ -17,8 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd import train_common  # noqa: E402
-from mxnet_cpsgd.data import MNIST_DATASETS  # noqa: E402
+from mxnet_cpsgd.training import common as train_common  # noqa: E402
+from mxnet_cpsgd.training.data import MNIST_DATASETS  # noqa: E402
 
 # Measured on a 2-core machine, 2 workers + 1 server (see docs/training.md):
 # about a minute per run; val accuracy after 20 epochs: ssgd 97.6%, cpsgd 97.9%.

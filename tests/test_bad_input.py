@@ -20,8 +20,9 @@ import time
 
 import pytest
 
-from mxnet_cpsgd import config, launch
-from mxnet_cpsgd.policies import POLICIES
+from mxnet_cpsgd import launch
+from mxnet_cpsgd.stores import config
+from mxnet_cpsgd.stores.policies import POLICIES
 
 WORKERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
 PROBE_TIMEOUT_S = 90  # all cases together; a blocked case never returns

@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from mxnet_cpsgd import netem
-from mxnet_cpsgd.bench import markdown_table, parse_list, rate_bps, summarize
+from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.bench.cli import markdown_table, parse_list, rate_bps, summarize
 
 BUDGET_S = 85
 

@@ -8,8 +8,8 @@ import pytest
 
 import mxnet as mx
 
-from mxnet_cpsgd import data
-from mxnet_cpsgd.data import DataError
+from mxnet_cpsgd.training import data
+from mxnet_cpsgd.training.data import DataError
 
 FASHION_DIR = data.FASHION_MNIST_SYSTEM_DIR
 HAVE_FASHION = all(os.path.isfile(os.path.join(FASHION_DIR, f + ".gz"))

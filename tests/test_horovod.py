@@ -241,7 +241,7 @@ sys.exit(1)
 
 
 def test_missing_horovod_says_how_to_install(tag):
-    from mxnet_cpsgd.horovod_store import INSTALL_HINT
+    from mxnet_cpsgd.stores.allreduce.horovod import INSTALL_HINT
     code, out = _python_c(MISSING_HOROVOD, tag)
     assert code == 0, out[-4000:]
     assert "IMPORT ERROR: kvstore 'horovod' needs Horovod" in out, out[-4000:]
@@ -251,7 +251,7 @@ def test_missing_horovod_says_how_to_install(tag):
 
 def test_import_does_not_import_horovod(tag):
     code, out = _python_c(
-        "import sys, mxnet_cpsgd, mxnet_cpsgd.horovod_store as h\n"
+        "import sys, mxnet_cpsgd, mxnet_cpsgd.stores.allreduce.horovod as h\n"
         "assert h.Horovod.__name__ == 'Horovod'\n"
         "import mxnet as mx\n"
         "assert mx.kv.KVStoreBase.kv_registry['horovod'] is h.Horovod\n"

@@ -1,4 +1,4 @@
-"""mxnet_cpsgd.netem: real namespaces, veth pairs, a bridge and tbf (root only).
+"""mxnet_cpsgd.cluster.netem: real namespaces, veth pairs, a bridge and tbf (root only).
 
 Each test checks, and afterwards removes, only the namespaces/links of the
 networks it created itself (found by their job name), so a job running beside
@@ -14,7 +14,7 @@ import threading
 import pytest
 from procs import MARK_VAR, marked_processes, pid_alive
 
-from mxnet_cpsgd import netem
+from mxnet_cpsgd.cluster import netem
 from mxnet_cpsgd.launch import run_job
 
 try:  # a generous per-test bound where pytest-timeout is installed
@@ -71,7 +71,7 @@ conn.close()
 # for the signal the test sends.
 HOLDER = r"""
 import subprocess, sys, time
-from mxnet_cpsgd import netem
+from mxnet_cpsgd.cluster import netem
 with netem.EmulatedNetwork(2, "100mbit") as net:
     sleeper = subprocess.Popen(net.nodes[0].wrap(["sleep", "300"]))
     print(net.name, sleeper.pid, flush=True)

@@ -1,4 +1,4 @@
-"""mxnet_cpsgd.report on a small fixed set of logs (no training, no MXNet).
+"""mxnet_cpsgd.repro.report on a small fixed set of logs (no training, no MXNet).
 
 The expected numbers are computed here from the same fixed values, independently
 of the report's own code.
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mxnet_cpsgd import report
+from mxnet_cpsgd.repro import report
 
 # per label: (algorithm, k, M, seed) -> per rank, per epoch (val_acc, train_loss,
 # train_acc, epoch_time, comm_time)

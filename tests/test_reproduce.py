@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from mxnet_cpsgd import report, reproduce
+from mxnet_cpsgd.repro import report
+from mxnet_cpsgd.repro import runner as reproduce
 
 SPEC = {
     "name": "tiny",
@@ -125,7 +126,7 @@ def test_shipped_specs_expand():
 def test_knobs_are_accepted_by_the_training_scripts():
     """Every knob a shipped spec passes is a flag the scripts know, for an
     algorithm that accepts it (the scripts reject the others)."""
-    from mxnet_cpsgd import train_common
+    from mxnet_cpsgd.training import common as train_common
     specs_dir = os.path.join(reproduce.PROJECT_ROOT, "specs")
     for name in os.listdir(specs_dir):
         spec = reproduce.load_spec(os.path.join(specs_dir, name))

@@ -15,7 +15,8 @@ import uuid
 import pytest
 from procs import kill_all, processes_with_env
 
-from mxnet_cpsgd import data, train_common
+from mxnet_cpsgd.training import common as train_common
+from mxnet_cpsgd.training import data
 
 try:  # a per-test bound where pytest-timeout is installed
     import pytest_timeout  # noqa: F401

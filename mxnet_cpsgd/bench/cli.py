@@ -52,8 +52,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from mxnet_cpsgd import launch, netem
-from mxnet_cpsgd.bench_worker import COMPUTE_ONLY, STOCK_SYNC, WORKLOADS
+from mxnet_cpsgd.cluster import launch, netem
+from mxnet_cpsgd.bench.worker import COMPUTE_ONLY, STOCK_SYNC, WORKLOADS
 
 MODEL_ALIASES = {
     "lenet": "lenet", "lenet5": "lenet",
@@ -165,7 +165,7 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
             stream, profile: bool = True) -> dict:
     """One launcher job; returns the run's record (workers' JSON + job outcome)."""
     os.makedirs(run_dir, exist_ok=True)
-    command = [sys.executable, "-m", "mxnet_cpsgd.bench_worker",
+    command = [sys.executable, "-m", "mxnet_cpsgd.bench.worker",
                "--model", args.model, "--algorithm", algorithm,
                "--batch-size", str(args.batch_size), "--iters", str(args.iters),
                "--warmup-iters", str(args.warmup_iters),
@@ -547,7 +547,7 @@ def plot(result: dict, out_path: str) -> None:
 
 
 def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
-    from mxnet_cpsgd import timeline
+    from mxnet_cpsgd.bench import timeline
 
     made = []
     tdir = os.path.join(out_dir, "timeline")

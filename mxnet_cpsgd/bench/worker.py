@@ -47,7 +47,7 @@ STOCK_SYNC = "dist_sync"
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.bench_worker",
+    p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.bench.worker",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS))
     p.add_argument("--algorithm", required=True,
@@ -266,7 +266,7 @@ def _main(args):
     from mxnet import autograd, gluon
 
     import mxnet_cpsgd  # noqa: F401  (registers the stores)
-    from mxnet_cpsgd import models
+    from mxnet_cpsgd.training import models
 
     if args.setup:
         # e.g. a prototype that patches a store class, for an A/B comparison

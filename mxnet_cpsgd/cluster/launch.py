@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from mxnet_cpsgd import netem
+from mxnet_cpsgd.cluster import netem
 
 #: hint for workers: the launcher's index 0..M-1 (ps-lite assigns ranks itself)
 WORKER_INDEX_ENV = "MXNET_CPSGD_WORKER_INDEX"

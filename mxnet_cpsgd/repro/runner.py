@@ -403,7 +403,7 @@ def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
 
 def emulation_problem() -> Optional[str]:
     """Why network emulation cannot run here (None when it can)."""
-    from . import netem
+    from ..cluster import netem
     try:
         netem.check_available()
     except netem.NetemError as err:
@@ -424,7 +424,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
         emulation_error: why emulation is unavailable (None: available).
         echo: a stream for the job's output lines as they come (None: only the file).
     """
-    from . import launch
+    from ..cluster import launch
     run_dir = plan.directory(out)
     os.makedirs(run_dir, exist_ok=True)
     _clear_logs(run_dir)

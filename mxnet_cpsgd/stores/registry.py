@@ -6,7 +6,7 @@ Each class is registered with MXNet under its policy's name, so
 import mxnet as mx
 
 from .policies import POLICIES
-from .store import PolicyStore
+from .parameter_server import PolicyStore
 
 
 def _store_class(policy):

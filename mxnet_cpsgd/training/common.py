@@ -161,7 +161,7 @@ def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     """Knobs the algorithm's store accepts (none for local/raw MXNet stores)."""
     if algorithm not in PROJECT_STORES:
         return ()
-    from .policies import POLICIES
+    from ..stores.policies import POLICIES
     policy = POLICIES.get(algorithm)
     return tuple(sorted(policy.defaults)) if policy is not None else ()
 
@@ -311,7 +311,7 @@ def updates_per_iteration(algorithm: str, num_workers: int) -> int:
     if algorithm == "dist_async":
         return num_workers
     if algorithm in PROJECT_STORES:
-        from .policies import POLICIES
+        from ..stores.policies import POLICIES
         policy = POLICIES.get(algorithm)
         if policy is not None and policy.inner_kvstore == "dist_async":
             return num_workers

@@ -5,7 +5,7 @@ Usage: ``horovod_worker.py MODE INIT OUT_DIR``, MODE one of
 * ``ssgd``: a worker of a parameter-server job (mxnet_cpsgd.launch), kvstore 'ssgd';
 * ``kvstore``: a process of ``horovodrun --gloo``, ``kvstore='horovod'`` (by name);
 * ``trainer``: a process of ``horovodrun --gloo``,
-  ``mxnet_cpsgd.horovod_store.distributed_trainer``;
+  ``mxnet_cpsgd.stores.allreduce.horovod.distributed_trainer``;
 * ``api``: a process of ``horovodrun --gloo`` (or a single process): checks the
   store's KVStore methods directly (INIT and OUT_DIR are ignored).
 
@@ -53,7 +53,7 @@ def make_net(seed):
 
 def check_api():
     """The store's methods on 1 or more processes; every rank r contributes r + 1."""
-    from mxnet_cpsgd.horovod_store import Horovod
+    from mxnet_cpsgd.stores.allreduce.horovod import Horovod
     store = mx.kv.create("horovod")
     assert isinstance(store, Horovod) and store.type == "horovod"
     rank, size = store.rank, store.num_workers
@@ -127,7 +127,7 @@ def main():
                                 kvstore="horovod")
     elif mode == "trainer":
         import horovod.mxnet as hvd
-        from mxnet_cpsgd.horovod_store import distributed_trainer
+        from mxnet_cpsgd.stores.allreduce.horovod import distributed_trainer
         hvd.init()
         rank = hvd.rank()
         net = make_net(seed_of(rank))

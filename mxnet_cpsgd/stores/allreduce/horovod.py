@@ -35,7 +35,7 @@ import os
 
 import mxnet as mx
 
-from . import config as config_mod
+from .. import config as config_mod
 
 NAME = "horovod"
 

@@ -1,0 +1,1 @@
+"""All-reduce stores: :mod:`.horovod` (Horovod over Gloo)."""
