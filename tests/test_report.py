@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from mxnet_cpsgd.repro import report
+from mxnet_cpsgd.repro import markdown, report, summary
+from mxnet_cpsgd.repro.logs import read_run
 
 # per label: (algorithm, k, M, seed) -> per rank, per epoch (val_acc, train_loss,
 # train_acc, epoch_time, comm_time)
@@ -156,8 +157,8 @@ def test_te_tc_table_in_paper_layout(logs):
 
 
 def test_replaced_epoch_line_and_broken_line(logs):
-    run = report.read_run(os.path.join(logs, "runs", "acc", "BIT-M2-loopback-s1"))
-    series = report.epoch_series(run)
+    run = read_run(os.path.join(logs, "runs", "acc", "BIT-M2-loopback-s1"))
+    series = summary.epoch_series(run)
     assert [p["epoch"] for p in series] == [0, 1, 2]
     va = _mean([_values(0.78, 3.6, r, 1)[0] for r in range(2)])
     assert series[1]["val_acc"] == pytest.approx(va)
@@ -190,8 +191,8 @@ def test_k_sensitivity(logs):
 def test_pngs_exist_and_are_linked(logs):
     rep = report.generate(logs)
     assert "k-sensitivity.png" in rep.figures
-    assert report.figure_name("curves", "acc", 2, None) in rep.figures
-    assert report.figure_name("curves", "acc", 4, None) in rep.figures
+    assert markdown.figure_name("curves", "acc", 2, None) in rep.figures
+    assert markdown.figure_name("curves", "acc", 4, None) in rep.figures
     for name in rep.figures:
         path = os.path.join(logs, name)
         assert os.path.getsize(path) > 1000

@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from mxnet_cpsgd.repro import report
+from mxnet_cpsgd.repro import markdown, report
+from mxnet_cpsgd.repro.logs import load_runs, read_run
 from mxnet_cpsgd.repro import runner as reproduce
 
 SPEC = {
@@ -217,13 +218,13 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert code == 0, outputs
     assert elapsed < 90, "took %.0f s" % elapsed
     for run_id in ("SSGD-M2-loopback-s7", "k2-M2-loopback-s7"):
-        run = report.read_run(os.path.join(runs_dir, run_id))
+        run = read_run(os.path.join(runs_dir, run_id))
         assert run.meta["status"] == "ok"
         assert sorted(run.records) == [0, 1]
         for lines in run.records.values():
             assert [r["epoch"] for r in lines] == [0, 1]
             assert all(r["iterations"] == 3 for r in lines)
-    assert report.read_run(os.path.join(runs_dir, "k2-M2-loopback-s7")).meta["knobs"] == {
+    assert read_run(os.path.join(runs_dir, "k2-M2-loopback-s7")).meta["knobs"] == {
         "warmup_steps": 2, "correction_period": 2}
     with open(os.path.join(out, "report.md")) as f:
         md = f.read()
@@ -231,7 +232,7 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert "| main | k2 | 2 | loopback |" in md
     assert "|  | SSGD | k2 |" in md             # the Te/Tc table
     assert "cpsgd-reproduce %s -o %s" % (spec_path, out) in md
-    png = os.path.join(out, report.figure_name("curves", "main", 2, None))
+    png = os.path.join(out, markdown.figure_name("curves", "main", 2, None))
     assert os.path.getsize(png) > 1000
     # a second invocation finds every run complete and runs nothing
     started = time.monotonic()
@@ -253,7 +254,7 @@ def test_failed_attempt_is_kept_and_reported(tmp_path):
     _fake_logs(run_dir, 2, 2)               # the rerun succeeded
     reproduce._write_json(os.path.join(run_dir, "run.json"),
                           reproduce.run_meta(plan, status="ok"))
-    runs = report.load_runs(out)
+    runs = load_runs(out)
     assert len(runs) == 1                   # the attempt is not a run of its own
     assert runs[0].attempts[0]["failure"] == "worker 1 exited with code 1"
     md = report.generate(out, plots=False).markdown

@@ -5,17 +5,17 @@ Usage::
     cpsgd-reproduce SPEC [-o OUT] [--only LABEL ...] [--experiment NAME ...]
                     [--force] [--dry-run] [--report-only]
                     [--if-no-emulation {fail,skip,unshaped}]
-    python -m mxnet_cpsgd.reproduce ...
+    python -m mxnet_cpsgd.repro.runner ...
 
 A spec (YAML or JSON; see specs/ and docs/reproduce.md) names the training
 script, the flags every run shares, and a grid: runs (label + algorithm + knobs,
 a knob may list several values) x workers x network rates x seeds, optionally in
 several experiments that override any of these.  Each run is one job started by
-:func:`mxnet_cpsgd.launch.run_job` (inside an emulated network of the given
+:func:`mxnet_cpsgd.cluster.launch.run_job` (inside an emulated network of the given
 rate when there is one), writing its per-epoch JSON logs into
 ``OUT/runs/<experiment>/<run>/``.  A run whose logs are complete and whose
 command is unchanged is skipped, so an interrupted reproduction continues
-where it stopped.  Finally :func:`mxnet_cpsgd.report.generate` writes
+where it stopped.  Finally :func:`mxnet_cpsgd.repro.report.generate` writes
 ``OUT/report.md`` and its PNGs from the logs alone.
 """
 import argparse
@@ -32,9 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from . import logs, markdown, summary
 from . import report as report_mod
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: keys of a run entry that are not knobs of the algorithm
 RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "env")
 #: top-level / experiment keys
@@ -322,7 +323,7 @@ KNOBS = ("threshold", "correction_period", "warmup_steps", "sync_period", "local
 def logs_complete(plan: RunPlan, run_dir: str) -> bool:
     """Every rank 0..M-1 left a log whose epochs are 0..E-1 (E = --num-epochs;
     with --max-iters, or without --num-epochs, at least one epoch)."""
-    run = report_mod.read_run(run_dir)
+    run = logs.read_run(run_dir)
     if sorted(run.records) != list(range(plan.num_workers)):
         return False
     expected = plan.expected_epochs()
@@ -338,7 +339,7 @@ def logs_complete(plan: RunPlan, run_dir: str) -> bool:
 def run_is_complete(plan: RunPlan, run_dir: str) -> bool:
     """The run finished before with the same command (a successful ``run.json``
     with this plan's fingerprint) and its logs are complete."""
-    meta_path = os.path.join(run_dir, report_mod.RUN_META)
+    meta_path = os.path.join(run_dir, logs.RUN_META)
     if not os.path.isfile(meta_path):
         return False
     try:
@@ -355,9 +356,9 @@ def _clear_logs(run_dir: str) -> None:
     """Remove a previous attempt's files; a failed attempt's files are kept under
     ``attempts/<n>/`` (the report lists them)."""
     names = [n for n in os.listdir(run_dir)
-             if report_mod.LOG_RE.match(n) or n in (report_mod.RUN_META, "output.log")]
+             if logs.LOG_RE.match(n) or n in (logs.RUN_META, "output.log")]
     failed = False
-    meta_path = os.path.join(run_dir, report_mod.RUN_META)
+    meta_path = os.path.join(run_dir, logs.RUN_META)
     if os.path.isfile(meta_path):
         try:
             with open(meta_path) as f:
@@ -366,9 +367,9 @@ def _clear_logs(run_dir: str) -> None:
             failed = False
     if failed:
         n = 1
-        while os.path.exists(os.path.join(run_dir, report_mod.ATTEMPTS_DIR, str(n))):
+        while os.path.exists(os.path.join(run_dir, logs.ATTEMPTS_DIR, str(n))):
             n += 1
-        keep = os.path.join(run_dir, report_mod.ATTEMPTS_DIR, str(n))
+        keep = os.path.join(run_dir, logs.ATTEMPTS_DIR, str(n))
         os.makedirs(keep)
         for name in names:
             os.replace(os.path.join(run_dir, name), os.path.join(keep, name))
@@ -434,7 +435,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             meta = run_meta(plan, status="failed" if if_no_emulation == "fail" else "skipped",
                             returncode=None, wall_time=0.0, started=_now(), finished=_now(),
                             failure="network emulation unavailable: %s" % emulation_error)
-            _write_json(os.path.join(run_dir, report_mod.RUN_META), meta)
+            _write_json(os.path.join(run_dir, logs.RUN_META), meta)
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
@@ -458,7 +459,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
         meta["failure"] = "the job succeeded but its logs are incomplete"
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
-    _write_json(os.path.join(run_dir, report_mod.RUN_META), meta)
+    _write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
 
 
@@ -528,7 +529,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)
-    _write_json(os.path.join(out, report_mod.REPRODUCE_META), meta)
+    _write_json(os.path.join(out, logs.REPRODUCE_META), meta)
     _write_json(os.path.join(out, "spec.json"), spec)
 
 
@@ -563,12 +564,12 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             continue
         _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id, plan.launch_text()))
         meta = execute(plan, out, python, if_no_emulation, emulation_error, echo)
-        summary = ""
+        brief = ""
         if meta["status"] == "ok":
-            s = report_mod.summarize_run(report_mod.read_run(run_dir))
-            summary = " final val acc %s, Te %s s, Tc %s s" % (
-                report_mod.fmt_pct(s.final_val_acc), report_mod.fmt_num(s.te),
-                report_mod.fmt_num(s.tc))
+            s = summary.summarize_run(logs.read_run(run_dir))
+            brief = " final val acc %s, Te %s s, Tc %s s" % (
+                markdown.fmt_pct(s.final_val_acc), markdown.fmt_num(s.te),
+                markdown.fmt_num(s.tc))
         else:
             failed += meta["status"] == "failed"
         if meta.get("interrupted"):
@@ -576,7 +577,7 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             return 130
         _say(progress, "[%d/%d] %s: %s in %.0f s%s%s" % (
             i, len(chosen), plan.run_id, meta["status"], meta.get("wall_time") or 0,
-            summary, (" (%s)" % meta["failure"]) if meta.get("failure") else ""))
+            brief, (" (%s)" % meta["failure"]) if meta.get("failure") else ""))
     if report:
         rep = report_mod.generate(out, name=spec.get("report_name") or "report.md")
         _say(progress, "report: %s" % rep.markdown_path)
@@ -640,7 +641,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 parser.error("--report-only: no such directory %s" % out)
             if spec is not None:
                 # keep the command that ran the experiments; refresh the rest
-                old = report_mod.read_reproduce_meta(out)
+                old = logs.read_reproduce_meta(out)
                 write_reproduce_meta(out, spec, args.spec, old.get("command") or command,
                                      expand(spec))
             name = (spec or {}).get("report_name") or "report.md"
