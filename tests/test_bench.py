@@ -21,7 +21,9 @@ import time
 import pytest
 
 from mxnet_cpsgd.cluster import netem
-from mxnet_cpsgd.bench.cli import markdown_table, parse_list, rate_bps, summarize
+from mxnet_cpsgd.bench.output import markdown_table
+from mxnet_cpsgd.bench.results import summarize
+from mxnet_cpsgd.bench.runs import parse_list, rate_bps
 
 BUDGET_S = 85
 

@@ -1,0 +1,196 @@
+"""What a benchmark writes: Markdown tables and report, the time-vs-rate plot and
+the timelines of ``--timeline``.
+"""
+import os
+from typing import Dict, List
+
+from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
+
+from .runs import fmt_value, rate_sort_key, rate_bps
+
+
+# ------------------------------------------------------------------- output
+
+TIME_COLUMNS = [
+    ("rate", "rate", "%s"), ("algorithm", "algorithm", "%s"),
+    ("mean_ms", "ms/iter", "%.1f"), ("median_ms", "median", "%.1f"),
+    ("min_ms", "min", "%.1f"), ("max_ms", "max", "%.1f"),
+    ("samples_per_s_per_worker", "samples/s/worker", "%.1f"),
+    ("vs_ssgd", "/ssgd", "%.2f"), ("vs_bitsgd", "/bitsgd", "%.2f"),
+    ("vs_compute", "/compute", "%.2f"), ("transfer_bound_ms", "bound ms", "%.1f"),
+    ("vs_bound", "/bound", "%.2f"), ("vs_floor", "/max(compute,bound)", "%.2f"),
+    ("vs_machine_floor", "/max(CPU floor,bound)", "%.2f"),
+]
+RESOURCE_COLUMNS = [
+    ("rate", "rate", "%s"), ("algorithm", "algorithm", "%s"),
+    ("tx_kb", "KB sent/iter/worker", "%.1f"), ("rx_kb", "KB recv/iter/worker", "%.1f"),
+    ("tbf_drops_per_iter", "drops/iter", "%.1f"),
+    ("step_call_ms", "step() ms", "%.1f"),
+    ("worker_cpu_ms_per_iter", "worker CPU ms/iter", "%.0f"),
+    ("server_cpu_ms_per_iter", "server CPU ms/iter", "%.0f"),
+    ("cpu_floor_ms", "CPU floor ms", "%.0f"),
+    ("cpu_busy_cores", "cores busy", "%.2f"), ("other_cpu_cores", "other load", "%.2f"),
+    ("peak_rss_mb", "peak RSS MB", "%.0f"), ("rss_vs_ssgd", "RSS/ssgd", "%.2f"),
+]
+COLUMNS = TIME_COLUMNS + RESOURCE_COLUMNS[2:]
+
+
+def markdown_table(rows: List[dict], columns=None) -> str:
+    columns = columns or TIME_COLUMNS
+    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |",
+             "|" + "|".join("---" if i < 2 else "---:" for i in range(len(columns))) + "|"]
+    for row in rows:
+        if row.get("failure"):
+            lines.append("| %s | %s | failed: %s |" % (
+                row["rate"], row["algorithm"], row["failure"].splitlines()[0]))
+            continue
+        cells = []
+        for key, _, spec in columns:
+            value = row.get(key)
+            if key in ("tx_kb", "rx_kb"):
+                raw = row.get(key[:2] + "_bytes_per_iter")
+                value = raw / 1e3 if raw is not None else None
+            cells.append(fmt_value(value, spec) if not isinstance(value, str) else value)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(result: dict) -> str:
+    cfg = result["config"]
+    out = ["# cpsgd-bench results", "",
+           "Command: `%s`" % result["command"], "",
+           "Model %s, %d workers, %d server(s), batch %d per worker, %d timed iterations "
+           "after %d discarded (algorithm warm-up %d steps), threshold %g, correction "
+           "period %d; started %s; load average (1/5/15 min) at start %s, at end %s." % (
+               cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"],
+               cfg["iters"], cfg["warmup_iters"], cfg["algo_warmup_steps"], cfg["threshold"],
+               cfg["correction_period"], result["started"],
+               "/".join("%.2f" % x for x in result["load_start"]),
+               "/".join("%.2f" % x for x in result["load_end"])), ""]
+    out.append(markdown_table(result["rows"], TIME_COLUMNS))
+    out += ["", markdown_table(result["rows"], RESOURCE_COLUMNS)]
+    out += ["", "ms/iter: the timed window (up to the moment all work it issued had "
+            "finished) divided by the timed iterations, mean over workers: the throughput "
+            "figure that every ratio uses; median: mean over workers of each worker's "
+            "median iteration (an iteration = the gap between two consecutive losses "
+            "becoming readable); with --repeats every column is the median over the "
+            "rounds; min/max: over all "
+            "workers' timed iterations; step() = Python time inside trainer.step "
+            "(median; the engine works asynchronously meanwhile); KB = 1000 bytes counted on the worker's own "
+            "interface (Ethernet frames: payload plus TCP/IP and ps-lite overhead); "
+            "bound = busiest link direction's bytes per iteration x 8 / rate; "
+            "worker CPU = CPU time (user+system, all threads) of one worker process per "
+            "timed iteration, mean over workers; server CPU = all servers' CPU time per "
+            "iteration; CPU floor = CPU time of workers, servers and scheduler per "
+            "iteration divided by the machine's cores (the time per iteration this "
+            "machine cannot beat however the work overlaps); cores busy = CPU time of workers, servers and scheduler over the "
+            "timed window divided by its length (this machine has %s cores); other load = "
+            "the rest of the machine's busy CPU time (other processes, kernel work "
+            "such as softirq networking) over the same window, in cores; "
+            "drops/iter = packets the emulated links' tbf queues dropped per timed iteration "
+            "(all nodes, both directions; a dropped packet may be a 64 KB GSO segment); "
+            "peak RSS = largest worker VmHWM. `none` = %s." % (result["cpu_count"],
+                                                               cfg["none_mode"]), ""]
+    if result["checks"]:
+        out += ["## Targets (cpsgd)", "", "| rate | target | value | limit | met |",
+                "|---|---|---:|---:|---|"]
+        for c in result["checks"]:
+            met = "n/a" if not c["applies"] else ("-" if c["met"] is None else
+                                                  ("yes" if c["met"] else "**no**"))
+            out.append("| %s | %s | %s | %.2f | %s |" % (
+                c["rate"], c["target"], fmt_value(c["value"], "%.2f"), c["limit"], met))
+        out.append("")
+    if result.get("timelines"):
+        out += ["## Timelines", ""]
+        for t in result["timelines"]:
+            out.append("- %s: %s" % (t["label"], t["path"]))
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(result: dict, out_path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r.get("mean_ms") is not None
+            and r["algorithm"] != COMPUTE_ONLY]
+    rates = sorted({r["rate"] for r in rows}, key=rate_sort_key)
+    shaped = [rate_bps(r) / 1e6 for r in rates if rate_bps(r) is not None]
+    top = max(shaped) if shaped else 1000.0
+    def x_of(rate):
+        bps = rate_bps(rate)
+        return bps / 1e6 if bps is not None else top * 4
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        pts = sorted((x_of(r["rate"]), r) for r in rows if r["algorithm"] == algorithm)
+        xs = [p[0] for p in pts]
+        ys = [p[1]["mean_ms"] for p in pts]
+        spread = [p[1].get("repeat_mean_ms") or [p[1]["mean_ms"]] for p in pts]
+        lo = [y - min(sp) for y, sp in zip(ys, spread)]
+        hi = [max(sp) - y for y, sp in zip(ys, spread)]
+        line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=algorithm)
+        bounds = [(p[0], p[1].get("transfer_bound_ms")) for p in pts
+                  if p[1].get("transfer_bound_ms")]
+        if bounds:
+            ax.plot([b[0] for b in bounds], [b[1] for b in bounds], ls=":", lw=1,
+                    color=line[0].get_color())
+    if result.get("compute_ms"):
+        ax.axhline(result["compute_ms"], color="black", ls="--",
+                   label="compute-only (%.0f ms)" % result["compute_ms"])
+    ax.set_xscale("log")
+    ticks = [x_of(r) for r in rates]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([r for r in rates])
+    ax.minorticks_off()
+    ax.set_xlabel("link rate per node and direction (log scale)")
+    ax.set_ylabel("time per iteration, ms (mean; bars: spread over rounds)")
+    cfg = result["config"]
+    ax.set_title("%s, %d workers + %d server(s), batch %d/worker\n"
+                 "dotted: transfer bound of the same colour's measured bytes" % (
+                     cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"]),
+                 fontsize=10)
+    ymax = max([max(r.get("repeat_mean_ms") or [r["mean_ms"]]) for r in rows]
+               + [r.get("transfer_bound_ms") or 0 for r in rows]
+               + [result.get("compute_ms") or 0])
+    ax.set_ylim(0, ymax * 1.1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+
+
+def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
+    from mxnet_cpsgd.bench import timeline
+
+    made = []
+    tdir = os.path.join(out_dir, "timeline")
+    os.makedirs(tdir, exist_ok=True)
+    by_rate: Dict[str, Dict[str, dict]] = {}
+    for run in runs:
+        workers = [{"rank": w["rank"],
+                    "trace": os.path.join(run["run_dir"], w["profile"]["file"]),
+                    "iteration_starts_us": w["profile"]["iteration_starts_wall_us"]}
+                   for w in run["workers"] if w.get("profile")]
+        if run["failure"] or not workers or not all(os.path.exists(w["trace"])
+                                                    for w in workers):
+            continue
+        path = os.path.join(tdir, "%s-%s.trace.json" % (run["rate"], run["algorithm"]))
+        timeline.merge_traces(workers, path, title="%s @ %s" % (run["algorithm"], run["rate"]))
+        ops = timeline.load_ops(workers[0]["trace"])
+        overlap = timeline.comm_overlap(ops)
+        made.append({"label": "%s @ %s merged trace" % (run["algorithm"], run["rate"]),
+                     "path": os.path.relpath(path, out_dir), "overlap": overlap})
+        by_rate.setdefault(run["rate"], {})[run["algorithm"]] = {"workers": workers}
+    for rate, algos in by_rate.items():
+        chosen = [a for a in ("bitsgd", "cpsgd") if a in algos]
+        chosen += [a for a in algos if a not in chosen][:max(0, 2 - len(chosen))]
+        panels = [{"label": "%s @ %s" % (a, rate), "workers": algos[a]["workers"]}
+                  for a in chosen]
+        path = os.path.join(out_dir, "timeline-%s.png" % rate)
+        timeline.plot_timelines(panels, path, title="%s: %d profiled iterations" % (
+            result["config"]["model"], result["config"]["timeline_iters"]))
+        made.append({"label": "%s @ %s plot" % (" vs ".join(chosen), rate),
+                     "path": os.path.relpath(path, out_dir)})
+    return made

@@ -1,0 +1,188 @@
+"""From runs to table rows: one row per run, the median over repeats, ratios to
+compute-only and to the other algorithms, and the targets of docs/performance.md.
+"""
+import os
+import statistics
+from typing import Dict, List, Optional
+
+from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
+
+from .runs import UNSHAPED, median_of, rate_bps
+
+# targets of docs/performance.md
+TARGET_VS_BITSGD = 0.70
+TARGET_VS_SSGD = 0.60
+TARGET_VS_BOUND = 1.10
+TARGET_RSS = 1.20
+NOISE = 1.05
+NETWORK_BOUND = 1.20  # bitsgd is network-bound where shaping makes it >= this x slower
+
+
+def summarize(run: dict, num_servers: int) -> dict:
+    """The table row of one run (None values where not measured)."""
+    row = {"rate": run["rate"], "algorithm": run["algorithm"], "failure": run["failure"],
+           "load_before": run["load_before"], "load_after": run["load_after"]}
+    workers = run["workers"]
+    if run["failure"] or not workers:
+        return row
+    per_worker_ms = [[1e3 * t for t in w["iter_times_s"]] for w in workers]
+    medians = [median_of(ts) for ts in per_worker_ms]
+    row["median_ms"] = statistics.mean(medians)
+    row["min_ms"] = min(min(ts) for ts in per_worker_ms)
+    row["max_ms"] = max(max(ts) for ts in per_worker_ms)
+    # throughput: the timed window up to the moment everything it issued had
+    # finished (waitall), divided by the iterations; mean over workers
+    row["mean_ms"] = statistics.mean(1e3 * w["drained_s"] / w["iters"] for w in workers)
+    row["step_call_ms"] = statistics.mean(median_of([1e3 * t for t in w.get("step_call_s") or []])
+                                          for w in workers)
+    row["workermedian_of_ms"] = medians
+    row["samples_per_s_per_worker"] = workers[0]["batch_size"] / (row["mean_ms"] / 1e3)
+    row["param_bytes"] = workers[0]["param_bytes"]
+    row["num_params"] = workers[0]["num_params"]
+    window_s = statistics.mean(w["drained_s"] for w in workers)
+    if all(w.get("cpu_s") is not None for w in workers):
+        row["worker_cpu_ms_per_iter"] = statistics.mean(1e3 * w["cpu_s"] / w["iters"]
+                                                        for w in workers)
+        peer = next((w["peer_cpu_s"] for w in workers if w.get("peer_cpu_s")), None)
+        row["server_cpu_ms_per_iter"] = (1e3 * peer.get("server", 0.0) / workers[0]["iters"]
+                                         if peer else None)
+        total = sum(w["cpu_s"] for w in workers) + (sum(peer.values()) if peer else 0.0)
+        row["cpu_busy_cores"] = total / window_s if window_s else None
+        # what this machine's cores need for one iteration of the whole job
+        row["cpu_floor_ms"] = 1e3 * total / workers[0]["iters"] / (os.cpu_count() or 1)
+        system = [w.get("system_busy_s") for w in workers if w.get("peer_cpu_s")]
+        if system and system[0] is not None and window_s:
+            # everything else the machine did meanwhile (other jobs, kernel work)
+            row["other_cpu_cores"] = max(0.0, system[0] - total) / window_s
+    drops = next((w["tbf_drops"] for w in workers if w.get("tbf_drops")), None)
+    if drops is not None:
+        row["tbf_drops_per_iter"] = (drops["send"] + drops["receive"]) / workers[0]["iters"]
+    row["peak_rss_mb"] = max(w["vmhwm_kb"] or 0 for w in workers) / 1024.0
+    row["mean_peak_rss_mb"] = statistics.mean((w["vmhwm_kb"] or 0) for w in workers) / 1024.0
+    iters = workers[0]["iters"]
+    if all(w.get("tx_bytes") is not None for w in workers):
+        tx = [w["tx_bytes"] / iters for w in workers]
+        rx = [w["rx_bytes"] / iters for w in workers]
+        row["tx_bytes_per_iter"] = statistics.mean(tx)
+        row["rx_bytes_per_iter"] = statistics.mean(rx)
+        row["bytes_per_iter"] = statistics.mean(t + r for t, r in zip(tx, rx))
+        links = {"worker %d up" % w["rank"]: t for w, t in zip(workers, tx)}
+        links.update({"worker %d down" % w["rank"]: r for w, r in zip(workers, rx)})
+        server = next((w["server_bytes"] for w in workers if w.get("server_bytes")), None)
+        if server:
+            for j, s in enumerate(server):
+                links["server %d up" % j] = s["tx"] / iters
+                links["server %d down" % j] = s["rx"] / iters
+            row["server_counters"] = "measured"
+        else:
+            # every worker talks only to the servers (and, negligibly, the scheduler)
+            links["servers up (estimated)"] = sum(rx) / num_servers
+            links["servers down (estimated)"] = sum(tx) / num_servers
+            row["server_counters"] = "estimated from workers' counters"
+        row["link_bytes_per_iter"] = links
+        busiest = max(links, key=links.get)
+        row["busiest_link"] = busiest
+        bps = rate_bps(run["rate"])
+        if bps is not None:
+            row["transfer_bound_ms"] = 1e3 * links[busiest] * 8 / bps
+    return row
+
+def combine_repeats(rows: List[dict]) -> List[dict]:
+    """One row per (rate, algorithm): the median over repeats of each number.
+
+    min/max are over all repeats; ``repeat_mean_ms`` lists each repeat's
+    mean; failed repeats are left out (``failed_repeats`` counts them).
+    """
+    groups: Dict[tuple, List[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["rate"], row["algorithm"]), []).append(row)
+    combined = []
+    for (rate, algorithm), group in groups.items():
+        good = [r for r in group if r.get("mean_ms") is not None]
+        if not good:
+            combined.append(group[0])
+            continue
+        row = {"rate": rate, "algorithm": algorithm, "failure": None,
+               "repeats": len(good), "failed_repeats": len(group) - len(good),
+               "repeat_mean_ms": [r["mean_ms"] for r in good],
+               "load_before": [r["load_before"] for r in good],
+               "load_after": [r["load_after"] for r in good]}
+        for key in good[0]:
+            if key in row:
+                continue
+            values = [r.get(key) for r in good]
+            if key == "min_ms":
+                row[key] = min(values)
+            elif key == "max_ms":
+                row[key] = max(values)
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                     for v in values):
+                row[key] = statistics.median(values)
+            else:
+                row[key] = values[0] if len(good) == 1 else values
+        combined.append(row)
+    return combined
+
+
+def add_ratios(rows: List[dict], compute_ms: Optional[float]) -> None:
+    by_key = {(r["rate"], r["algorithm"]): r for r in rows}
+    for row in rows:
+        t = row.get("mean_ms")
+        if t is None:
+            continue
+        for ref in ("ssgd", "bitsgd"):
+            other = by_key.get((row["rate"], ref), {}).get("mean_ms")
+            row["vs_" + ref] = t / other if other else None
+            other_rss = by_key.get((row["rate"], ref), {}).get("peak_rss_mb")
+            row["rss_vs_" + ref] = row["peak_rss_mb"] / other_rss if other_rss else None
+        row["vs_compute"] = t / compute_ms if compute_ms else None
+        bound = row.get("transfer_bound_ms")
+        row["vs_bound"] = t / bound if bound else None
+        floor = max(compute_ms or 0.0, bound or 0.0)
+        row["floor_ms"] = floor or None
+        row["vs_floor"] = t / floor if floor else None
+        machine = max(row.get("cpu_floor_ms") or 0.0, bound or 0.0)
+        row["vs_machine_floor"] = t / machine if machine else None
+
+
+def check_targets(rows: List[dict], compute_ms: Optional[float]) -> List[dict]:
+    """The performance targets of docs/performance.md, per rate, for cpsgd."""
+    by_key = {(r["rate"], r["algorithm"]): r for r in rows}
+    checks = []
+    # bitsgd is network-bound at a rate where that rate makes it NETWORK_BOUND
+    # times slower than without shaping (or, with no unshaped run, than compute-only)
+    unshaped_bit = next((by_key[(r, "bitsgd")].get("mean_ms") for r in UNSHAPED
+                         if (r, "bitsgd") in by_key), None) or compute_ms
+    for row in rows:
+        if row["algorithm"] != "cpsgd" or row.get("mean_ms") is None:
+            continue
+        rate = row["rate"]
+        bit = by_key.get((rate, "bitsgd"), {}).get("mean_ms")
+        ssgd = by_key.get((rate, "ssgd"), {}).get("mean_ms")
+        net_bound = bool(bit and unshaped_bit and rate not in UNSHAPED
+                         and bit >= NETWORK_BOUND * unshaped_bit)
+
+        def add(name, value, limit, applies=True):
+            checks.append({"rate": rate, "target": name, "value": value, "limit": limit,
+                           "applies": applies,
+                           "met": None if (value is None or not applies) else value <= limit})
+        add("cpsgd/bitsgd (network-bound for bitsgd)", row.get("vs_bitsgd"),
+            TARGET_VS_BITSGD, net_bound)
+        add("cpsgd/ssgd (network-bound for bitsgd)", row.get("vs_ssgd"),
+            TARGET_VS_SSGD, net_bound)
+        add("cpsgd/max(compute-only, transfer bound)", row.get("vs_floor"), TARGET_VS_BOUND)
+        add("cpsgd/ssgd (never worse beyond noise)", row.get("vs_ssgd"), NOISE,
+            ssgd is not None)
+        add("cpsgd peak RSS / ssgd", row.get("rss_vs_ssgd"), TARGET_RSS)
+    return checks
+
+
+def analyse(runs: List[dict], num_servers: int):
+    """Table rows (one per rate and algorithm, ratios added) and compute-only ms."""
+    rows = combine_repeats([summarize(r, num_servers) for r in runs])
+    compute_row = next((r for r in rows if r["algorithm"] == COMPUTE_ONLY), None)
+    compute_ms = compute_row.get("mean_ms") if compute_row else None
+    if compute_row is not None:
+        compute_row["rate"] = "-"
+    add_ratios(rows, compute_ms)
+    return rows, compute_ms

@@ -1,0 +1,141 @@
+"""One benchmark job: the settings every run shares, small parsers, starting a
+(rate, algorithm) job through the launcher (in an emulated network when there
+is one) and collecting what its workers wrote; the code fingerprint of a result.
+"""
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import List, Optional
+
+from mxnet_cpsgd.cluster import launch, netem
+from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
+
+
+MODEL_ALIASES = {
+    "lenet": "lenet", "lenet5": "lenet",
+    "resnet20": "cifar_resnet20_v1", "cifar_resnet20_v1": "cifar_resnet20_v1",
+    "inception-bn": "cifar_inception_bn", "inception_bn": "cifar_inception_bn",
+    "cifar_inception_bn": "cifar_inception_bn",
+    "resnet50": "resnet50_v1", "resnet50_v1": "resnet50_v1",
+}
+DEFAULT_ALGORITHMS = "ssgd,bitsgd,odsgd,cpsgd"
+UNSHAPED = ("none", "loopback")
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+class BenchError(RuntimeError):
+    """Bad arguments or nothing could run."""
+
+
+# ------------------------------------------------------------------- helpers
+
+def parse_list(text: str) -> List[str]:
+    return [t.strip().lower() for t in text.split(",") if t.strip()]
+
+
+def rate_bps(rate: str) -> Optional[float]:
+    """Bits per second of a rate, None for an unshaped one."""
+    if rate in UNSHAPED:
+        return None
+    return netem.parse_rate(rate)
+
+
+def netns_available() -> bool:
+    try:
+        netem.check_available()
+        return True
+    except netem.NetemError:
+        return False
+
+
+def rate_sort_key(rate):
+    bps = rate_bps(rate)
+    return (1, 0.0) if bps is None else (0, bps)
+
+
+def median_of(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt_value(value, spec="%.1f", missing="-"):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return spec % value
+
+
+# --------------------------------------------------------------------- runs
+
+def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
+            stream, profile: bool = True) -> dict:
+    """One launcher job; returns the run's record (workers' JSON + job outcome)."""
+    os.makedirs(run_dir, exist_ok=True)
+    command = [sys.executable, "-m", "mxnet_cpsgd.bench.worker",
+               "--model", args.model, "--algorithm", algorithm,
+               "--batch-size", str(args.batch_size), "--iters", str(args.iters),
+               "--warmup-iters", str(args.warmup_iters),
+               "--algo-warmup-steps", str(args.algo_warmup_steps),
+               "--threshold", str(args.threshold),
+               "--correction-period", str(args.correction_period),
+               "--num-servers", str(args.num_servers), "--out-dir", run_dir]
+    if use_netns:
+        command += ["--netns", "--root-netns-pid", str(os.getpid())]
+    if args.worker_setup:
+        command += ["--setup", os.path.abspath(args.worker_setup)]
+    if args.timeline and profile and algorithm != COMPUTE_ONLY:
+        command += ["--profile-iters", str(args.timeline_iters)]
+    emulate = None
+    if use_netns:
+        emulate = args.unshaped_rate if rate in UNSHAPED else rate
+    if algorithm == COMPUTE_ONLY:
+        emulate = args.unshaped_rate if use_netns else None  # nothing to shape
+    env = dict(THREAD_ENV)
+    env["MXNET_CPU_WORKER_NTHREADS"] = str(args.engine_threads)
+    load_before = os.getloadavg()
+    started = time.time()
+    try:
+        result = launch.run_job(command, args.num_workers, args.num_servers, env=env,
+                                timeout=30, job_timeout=args.job_timeout,
+                                emulate_network=emulate,
+                                log_dir=os.path.join(run_dir, "logs"), stream=stream)
+    except (launch.LaunchError, netem.NetemError) as err:
+        # nothing of this job runs any more (run_job cleans up before raising)
+        result = launch.JobResult(1, "", "could not start the job: %s" % err)
+    elapsed = time.time() - started
+    workers = []
+    for rank in range(args.num_workers):
+        path = os.path.join(run_dir, "worker-%d.json" % rank)
+        if os.path.exists(path):
+            with open(path) as f:
+                workers.append(json.load(f))
+    failure = result.failure
+    if failure is None and len(workers) != args.num_workers:
+        failure = "only %d of %d workers wrote results" % (len(workers), args.num_workers)
+    if failure is not None:
+        tail = "\n".join(result.output.splitlines()[-15:])
+        failure = "%s\n%s" % (failure, tail)
+    return {"rate": rate, "algorithm": algorithm, "emulate_network": emulate,
+            "run_dir": run_dir, "failure": failure, "returncode": result.returncode,
+            "elapsed_s": elapsed, "load_before": list(load_before),
+            "load_after": list(os.getloadavg()), "workers": workers}
+
+
+def code_fingerprint() -> dict:
+    """sha256 (first 12 hex digits) of the files that decide what a store does,
+    so that results can be matched to the code that produced them."""
+    import hashlib
+    import mxnet_cpsgd
+    import kvstore_ext
+    found = {}
+    for package in (mxnet_cpsgd, kvstore_ext):
+        root = os.path.dirname(package.__file__)
+        for dirpath, _, files in os.walk(root):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    with open(path, "rb") as f:
+                        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+                    found[os.path.relpath(path, os.path.dirname(root))] = digest
+    return found
