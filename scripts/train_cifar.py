@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd.training import common as train_common  # noqa: E402
+from mxnet_cpsgd.training import common, options  # noqa: E402
 
 # GluonCV's CIFAR-10 recipe for ResNet-20 (per worker: batch 128 per device)
 DEFAULTS = {
@@ -35,11 +35,11 @@ DEFAULTS = {
 
 def get_parser():
     """The script's argument parser (GluonCV style)."""
-    return train_common.build_parser(
+    return options.build_parser(
         "Train ResNet-20 / Inception-BN on CIFAR-10 with CP-SGD and related algorithms.",
         DEFAULTS, datasets=("cifar10",),
         models=("cifar_resnet20_v1", "cifar_inception_bn"))
 
 
 if __name__ == "__main__":
-    sys.exit(train_common.main(get_parser()))
+    sys.exit(common.main(get_parser()))

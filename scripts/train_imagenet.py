@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd.training import common as train_common  # noqa: E402
+from mxnet_cpsgd.training import common, options  # noqa: E402
 
 # GluonCV's ResNet-50 v1 recipe (lr 0.1 per 256 images, cosine) with a per-worker
 # batch of 32 (the CP-SGD paper's setting): lr = 0.1 * 32 / 256 per worker; the
@@ -39,7 +39,7 @@ DEFAULTS = {
 
 def get_parser():
     """The script's argument parser (GluonCV style)."""
-    parser = train_common.build_parser(
+    parser = options.build_parser(
         "Train ResNet-50 v1 on ImageNet with CP-SGD and related algorithms.",
         DEFAULTS, datasets=("imagenet",), models=("resnet50_v1",))
     parser.add_argument("--input-size", type=int, default=224,
@@ -48,4 +48,4 @@ def get_parser():
 
 
 if __name__ == "__main__":
-    sys.exit(train_common.main(get_parser()))
+    sys.exit(common.main(get_parser()))

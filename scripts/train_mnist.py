@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mxnet_cpsgd.training import common as train_common  # noqa: E402
+from mxnet_cpsgd.training import common, options  # noqa: E402
 from mxnet_cpsgd.training.data import MNIST_DATASETS  # noqa: E402
 
 # Measured on a 2-core machine, 2 workers + 1 server (see docs/training.md):
@@ -43,10 +43,10 @@ DEFAULTS = {
 
 def get_parser():
     """The script's argument parser (GluonCV style)."""
-    return train_common.build_parser(
+    return options.build_parser(
         "Train LeNet-5 on MNIST / Fashion-MNIST with CP-SGD and related algorithms.",
         DEFAULTS, datasets=MNIST_DATASETS, models=("lenet",))
 
 
 if __name__ == "__main__":
-    sys.exit(train_common.main(get_parser()))
+    sys.exit(common.main(get_parser()))

@@ -127,14 +127,14 @@ def test_shipped_specs_expand():
 def test_knobs_are_accepted_by_the_training_scripts():
     """Every knob a shipped spec passes is a flag the scripts know, for an
     algorithm that accepts it (the scripts reject the others)."""
-    from mxnet_cpsgd.training import common as train_common
+    from mxnet_cpsgd.training import options
     specs_dir = os.path.join(reproduce.PROJECT_ROOT, "specs")
     for name in os.listdir(specs_dir):
         spec = reproduce.load_spec(os.path.join(specs_dir, name))
         for p in reproduce.expand(spec):
-            accepted = train_common.accepted_knobs(p.algorithm)
+            accepted = options.accepted_knobs(p.algorithm)
             for knob in p.knobs:
-                assert knob in train_common.KNOB_FLAGS, (name, knob)
+                assert knob in options.KNOB_FLAGS, (name, knob)
                 assert knob in accepted, (name, p.run_id, knob)
 
 

@@ -16,7 +16,8 @@ import pytest
 from procs import kill_all, processes_with_env
 
 from mxnet_cpsgd.training import common as train_common
-from mxnet_cpsgd.training import data
+from mxnet_cpsgd.training import data, options
+from mxnet_cpsgd.training.logs import rank_path
 
 try:  # a per-test bound where pytest-timeout is installed
     import pytest_timeout  # noqa: F401
@@ -160,13 +161,13 @@ def test_bad_args_exit_2(capsys, argv, message):
 
 def test_knobs_passed_only_when_set():
     parser = _script("train_mnist").get_parser()
-    args = train_common.parse_args(parser, ["--algorithm", "ssgd"])
-    assert train_common.compression_params(args) == {}
-    args = train_common.parse_args(parser, ["--algorithm", "cpsgd", "--threshold", "1"])
+    args = options.parse_args(parser, ["--algorithm", "ssgd"])
+    assert options.compression_params(args) == {}
+    args = options.parse_args(parser, ["--algorithm", "cpsgd", "--threshold", "1"])
     # the script's warm-up default applies to algorithms that accept it
-    assert train_common.compression_params(args) == {"threshold": 1.0, "warmup_steps": 100}
-    args = train_common.parse_args(parser, ["--algorithm", "localsgd", "--sync-period", "3"])
-    assert train_common.compression_params(args) == {"sync_period": 3}
+    assert options.compression_params(args) == {"threshold": 1.0, "warmup_steps": 100}
+    args = options.parse_args(parser, ["--algorithm", "localsgd", "--sync-period", "3"])
+    assert options.compression_params(args) == {"sync_period": 3}
 
 
 def test_distributed_algorithm_outside_a_job(monkeypatch, capsys):
@@ -182,9 +183,9 @@ def test_missing_data_exits_1(tmp_path, capsys):
 
 
 def test_rank_path():
-    assert train_common.rank_path("runs/a.json", 0) == "runs/a.json"
-    assert train_common.rank_path("runs/a.json", 3) == "runs/a.rank3.json"
-    assert train_common.rank_path(None, 1) is None
+    assert rank_path("runs/a.json", 0) == "runs/a.json"
+    assert rank_path("runs/a.json", 3) == "runs/a.rank3.json"
+    assert rank_path(None, 1) is None
 
 
 # ---------------------------------------------------------------- distributed

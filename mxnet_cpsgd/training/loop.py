@@ -1,0 +1,251 @@
+"""The training loop: the learning-rate schedule in updates, epochs of
+forward/backward/``trainer.step``, evaluation, the timing of every epoch,
+per-epoch logs and checkpoints.
+
+Timing (see docs/training.md):
+
+- ``epoch_time`` (Te): wall time of one epoch's training iterations on this worker
+  (validation excluded).
+- ``comm_time`` (Tc): per iteration, the time from the moment all gradients are
+  computed (every gradient array waited for) to the moment the weights for the next
+  forward are ready (every weight array waited for after ``trainer.step``), summed
+  over the epoch: the communication/update time the worker is exposed to.
+"""
+import argparse
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Tuple
+
+import numpy as np
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from . import data as data_mod
+from .options import PROJECT_STORES, compression_params, parse_lr_decay_epochs
+from .logs import EpochLogWriter, logger, rank_path
+from .checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
+
+
+def updates_per_iteration(algorithm: str, num_workers: int) -> int:
+    """Optimizer updates the servers run per training iteration of the job.
+
+    Synchronous stores update once per round; asynchronous ones (``asgd``,
+    ``dist_async``) once per push, i.e. ``num_workers`` times per iteration, so
+    their learning-rate schedule must count that many updates per iteration.
+    """
+    if algorithm == "dist_async":
+        return num_workers
+    if algorithm in PROJECT_STORES:
+        from ..stores.policies import POLICIES
+        policy = POLICIES.get(algorithm)
+        if policy is not None and policy.inner_kvstore == "dist_async":
+            return num_workers
+    return 1
+
+
+def make_lr_scheduler(args: argparse.Namespace, iters_per_epoch: int,
+                      updates_per_iter: int = 1):
+    """The schedule of ``--lr-mode`` in optimizer updates (``None``: constant lr).
+
+    Args:
+        args: parsed command line.
+        iters_per_epoch: training iterations per epoch.
+        updates_per_iter: optimizer updates per iteration (see
+            :func:`updates_per_iteration`).
+    """
+    per_epoch = iters_per_epoch * updates_per_iter
+    if args.lr_mode == "cosine":
+        total = max(1, args.num_epochs * per_epoch)
+        return mx.lr_scheduler.CosineScheduler(max_update=total, base_lr=args.lr,
+                                               final_lr=0)
+    epochs = [e for e in parse_lr_decay_epochs(args.lr_decay_epoch) if e < args.num_epochs]
+    if not epochs:
+        return None
+    steps = [e * per_epoch for e in epochs]
+    return mx.lr_scheduler.MultiFactorScheduler(step=steps, factor=args.lr_decay,
+                                                base_lr=args.lr)
+
+# ----------------------------------------------------------------------------
+# training loop
+
+def reset_batchnorm_stats(net: gluon.Block) -> None:
+    for name, p in net.collect_params().items():
+        if name.endswith("running_mean"):
+            p.set_data(mx.nd.zeros(p.shape))
+        elif name.endswith("running_var"):
+            p.set_data(mx.nd.ones(p.shape))
+
+
+def evaluate(net: gluon.Block, loader: Iterable, ctx: List[mx.Context],
+             loss_fn: gluon.loss.Loss) -> Tuple[float, float, int]:
+    """``(accuracy, mean loss, samples)`` of ``net`` on ``loader``."""
+    correct, loss_sum, count = 0.0, 0.0, 0
+    for data, label in loader:
+        datas = gluon.utils.split_and_load(data, ctx, even_split=False)
+        labels = gluon.utils.split_and_load(label, ctx, even_split=False)
+        for x, y in zip(datas, labels):
+            out = net(x)
+            loss_sum += float(loss_fn(out, y).sum().asscalar())
+            correct += float((out.argmax(axis=1) == y).sum().asscalar())
+            count += x.shape[0]
+    if count == 0:
+        return float("nan"), float("nan"), 0
+    return correct / count, loss_sum / count, count
+
+
+@dataclass
+class RunResult:
+    """What :func:`train` returns: the per-epoch records and the final state."""
+    records: List[Dict[str, object]] = field(default_factory=list)
+    state: TrainState = field(default_factory=TrainState)
+
+
+def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data,
+          info: data_mod.DatasetInfo, ctx: List[mx.Context], kv, rank: int,
+          num_workers: int, model_name: str) -> RunResult:
+    """Train ``net`` for ``args.num_epochs`` epochs (or ``args.max_iters`` iterations).
+
+    Args:
+        args: parsed command line.
+        net: initialized network (see :func:`models.initialize`).
+        train_data: training loader (same ``len`` on every worker).
+        val_data: validation loader.
+        info: data set description.
+        ctx: this worker's devices.
+        kv: store instance, ``'device'`` or ``None``.
+        rank: this worker's rank.
+        num_workers: number of workers.
+        model_name: for the logs.
+
+    Returns:
+        RunResult with one record per (possibly partial) epoch.
+    """
+    iters_per_epoch = len(train_data)
+    cparams = compression_params(args)
+    opt_params = {"learning_rate": args.lr, "momentum": args.momentum, "wd": args.wd}
+    updates = updates_per_iteration(args.algorithm, num_workers)
+    scheduler = make_lr_scheduler(args, iters_per_epoch, updates)
+    if scheduler is not None:
+        opt_params["lr_scheduler"] = scheduler
+
+    meta = None
+    if args.resume:
+        meta = read_checkpoint(args.checkpoint_dir, num_workers, args.algorithm)
+        opt_params["begin_num_update"] = int(meta["iteration"]) * updates
+    trainer = gluon.Trainer(net.collect_params(), "sgd", opt_params, kvstore=kv,
+                            compression_params=cparams or None)
+    state = TrainState()
+    if meta is not None:
+        state = load_checkpoint(args.checkpoint_dir, meta, net, trainer, ctx, rank,
+                                args.algorithm, args.batch_size)
+        logger.info("resumed from %s: epoch %d, iteration %d (batch %d of the epoch)",
+                    args.checkpoint_dir, state.epoch, state.iteration, state.epoch_iteration)
+
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    # every store, MXNet's own included, gets the per-worker batch: each worker's
+    # gradient is rescaled by 1/batch_size and the servers sum the workers'
+    # (MXNet's convention), so the step is lr * sum of the workers' mean gradients
+    step_bs = args.batch_size
+    writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
+                            append=args.resume)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    # a private copy for the logs: MXNet's schedulers are stateful, and with
+    # update_on_kvstore the worker's optimizer copy never advances
+    report_schedule = copy.deepcopy(scheduler)
+    result = RunResult(state=state)
+    stop = False
+
+    while state.epoch < args.num_epochs and not stop:
+        epoch = state.epoch
+        skip = state.epoch_iteration
+        metric = mx.metric.Accuracy()
+        loss_sum, loss_count, iterations, comm = 0.0, 0, 0, 0.0
+        tic = time.time()
+        btic = tic
+        for i, (data, label) in enumerate(train_data):
+            if i < skip:
+                continue  # resumed mid-epoch: these batches were done before
+            if i == skip and skip:
+                tic = btic = time.time()  # time only the batches run now
+            if args.max_iters is not None and state.iteration >= args.max_iters:
+                stop = True
+                break
+            datas = gluon.utils.split_and_load(data, ctx, even_split=False)
+            labels = gluon.utils.split_and_load(label, ctx, even_split=False)
+            with autograd.record():
+                outputs = [net(x) for x in datas]
+                losses = [loss_fn(o, y) for o, y in zip(outputs, labels)]
+            autograd.backward(losses)
+            if args.comm_timing:
+                for p in params:
+                    for g in p.list_grad():
+                        g.wait_to_read()
+                t_grad = time.time()
+            trainer.step(step_bs)
+            if args.comm_timing:
+                for p in params:
+                    for w in p.list_data():
+                        w.wait_to_read()
+                comm += time.time() - t_grad
+            metric.update(labels, outputs)
+            for l in losses:
+                loss_sum += float(l.sum().asscalar())
+                loss_count += l.shape[0]
+            iterations += 1
+            state.iteration += 1
+            state.epoch_iteration = i + 1
+            if args.log_interval and iterations % args.log_interval == 0:
+                speed = args.log_interval * args.batch_size / max(time.time() - btic, 1e-9)
+                logger.info("[Epoch %d Batch %d] Speed: %.1f samples/sec train=%.4f loss=%.4f",
+                            epoch, i + 1, speed, metric.get()[1], loss_sum / max(loss_count, 1))
+                btic = time.time()
+        epoch_time = time.time() - tic
+        if not stop:  # the epoch is complete
+            state.epoch += 1
+            state.epoch_iteration = 0
+        if iterations == 0:
+            break
+        val_acc, val_loss, _ = evaluate(net, val_data, ctx, loss_fn)
+        samples = iterations * args.batch_size
+        sps = samples / epoch_time if epoch_time > 0 else float("nan")
+        record = {
+            "algorithm": args.algorithm, "epoch": epoch, "rank": rank,
+            "num_workers": num_workers, "train_acc": metric.get()[1],
+            "train_loss": loss_sum / max(loss_count, 1), "val_acc": val_acc,
+            "val_loss": val_loss, "epoch_time": epoch_time,
+            "comm_time": comm if args.comm_timing else None,
+            "samples_per_sec": sps, "iterations": iterations,
+            "total_iterations": state.iteration,
+            "global_samples_per_sec": sps * num_workers,
+            "lr": _current_lr(report_schedule, state.iteration * updates, args.lr),
+            "dataset": info.name, "model": model_name, "batch_size": args.batch_size,
+        }
+        record = {k: _json_number(v) for k, v in record.items()}
+        writer.write(record)
+        result.records.append(record)
+        comm_text = "%.2fs" % comm if args.comm_timing else "n/a"
+        logger.info("[Epoch %d] train=%.4f val=%.4f loss=%.4f time=%.2fs comm=%s "
+                    "Speed: %.1f samples/sec%s", epoch, record["train_acc"], val_acc,
+                    record["train_loss"], epoch_time, comm_text, sps,
+                    "" if iterations == iters_per_epoch else
+                    " (%d of %d iterations)" % (iterations, iters_per_epoch))
+        if args.checkpoint_dir:
+            save_checkpoint(args.checkpoint_dir, net, trainer, state, rank, num_workers,
+                            args.algorithm)
+    result.state = state
+    return result
+
+
+def _current_lr(schedule, iteration: int, base_lr: float) -> float:
+    return float(schedule(iteration)) if schedule is not None else base_lr
+
+
+def _json_number(value):
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value

@@ -1,0 +1,214 @@
+"""The training scripts' command line: the algorithms they accept, the knob flags,
+the parser with a script's own defaults, validation, and the compression_params
+handed to the store.
+"""
+import argparse
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+# this project's stores (registered by ``import mxnet_cpsgd``)
+PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod")
+# MXNet's own distributed stores, for comparison
+RAW_DIST_STORES = ("dist_sync", "dist_device_sync", "dist_async")
+ALGORITHMS = PROJECT_STORES + ("local",) + RAW_DIST_STORES
+
+# knob -> (command-line flag, type)
+KNOB_FLAGS = {
+    "threshold": ("--threshold", float),
+    "correction_period": ("--correction-period", int),
+    "warmup_steps": ("--warmup-steps", int),
+    "sync_period": ("--sync-period", int),
+    "local_lr": ("--local-lr", float),
+    "local_momentum": ("--local-momentum", float),
+    "glu_weight": ("--glu-weight", float),
+}
+
+class UsageError(ValueError):
+    """A bad combination of command-line settings."""
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
+                 datasets: Optional[Sequence[str]] = None,
+                 models: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The common GluonCV-style parser.
+
+    Args:
+        description: the script's description.
+        defaults: per-script defaults by ``dest`` (e.g. ``{'batch_size': 64}``);
+            the special key ``knob_defaults`` (a dict) holds knob values the script
+            applies when the chosen algorithm accepts them and the user did not
+            set them (see :func:`compression_params`).
+        datasets: choices of ``--dataset`` (omitted: no such flag).
+        models: choices of ``--model`` (omitted: no such flag).
+    """
+    defaults = dict(defaults or {})
+    knob_defaults = defaults.pop("knob_defaults", {})
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("algorithm")
+    g.add_argument("--algorithm", default="local", choices=ALGORITHMS,
+                   help="training algorithm: one of this project's stores, 'local' "
+                        "(one process, no kvstore) or MXNet's own dist_* stores")
+    for knob, (flag, typ) in KNOB_FLAGS.items():
+        script_default = knob_defaults.get(knob)
+        extra = ("; this script uses %r when the algorithm accepts it" % script_default
+                 if script_default is not None else "")
+        g.add_argument(flag, dest=knob, type=typ, default=None,
+                       help="algorithm knob %s (default: not passed, the algorithm's "
+                            "own default%s)" % (knob, extra))
+    p.set_defaults(knob_defaults=knob_defaults)
+
+    g = p.add_argument_group("data and model")
+    if datasets:
+        g.add_argument("--dataset", default=datasets[0], choices=datasets, help="data set")
+    if models:
+        g.add_argument("--model", default=models[0], choices=models, help="network")
+    g.add_argument("--data-dir", default=None, help="directory of the data set's files")
+    g.add_argument("--synthetic", action="store_true",
+                   help="random tensors of the data set's shape instead of files")
+    g.add_argument("--synthetic-batches", type=int, default=20,
+                   help="training batches per epoch with --synthetic")
+    g.add_argument("--val-split", default="shard", choices=("shard", "full"),
+                   help="validate each worker on its own part of the validation set "
+                        "or on all of it")
+    g.add_argument("-j", "--num-data-workers", type=int, default=4,
+                   help="decoding threads (ImageNet RecordIO)")
+
+    g = p.add_argument_group("optimization")
+    g.add_argument("--num-epochs", type=int, default=10, help="training epochs")
+    g.add_argument("--batch-size", type=int, default=64,
+                   help="samples per iteration on each worker (split across its GPUs)")
+    g.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--wd", type=float, default=1e-4, help="weight decay")
+    g.add_argument("--lr-mode", default="step", choices=("step", "cosine"),
+                   help="learning-rate schedule")
+    g.add_argument("--lr-decay", type=float, default=0.1,
+                   help="step mode: factor applied at each --lr-decay-epoch")
+    g.add_argument("--lr-decay-epoch", default="",
+                   help="step mode: comma-separated epochs at which the lr decays "
+                        "(empty: constant lr)")
+    g.add_argument("--seed", type=int, default=42, help="random seed (same on all workers)")
+    g.add_argument("--gpus", default="", help="GPU ids, e.g. '0,1'; empty = CPU")
+    g.add_argument("--max-iters", type=int, default=None,
+                   help="stop after this many iterations in total (counting those "
+                        "before a --resume)")
+    g.add_argument("--no-hybridize", dest="hybridize", action="store_false",
+                   help="run the network imperatively")
+    g.add_argument("--no-comm-timing", dest="comm_timing", action="store_false",
+                   help="do not wait for gradients and weights each iteration (lets "
+                        "backward overlap with pushes; comm_time is then not measured)")
+
+    g = p.add_argument_group("checkpoints and logs")
+    g.add_argument("--checkpoint-dir", default=None,
+                   help="save a checkpoint here after every epoch and at --max-iters")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir")
+    g.add_argument("--log-json", default=None,
+                   help="append one JSON line per epoch (rank r > 0 writes PATH with "
+                        ".rank<r> before the extension)")
+    g.add_argument("--log-csv", default=None, help="one CSV row per epoch (same naming)")
+    g.add_argument("--log-interval", type=int, default=0,
+                   help="log every N batches (0: only per epoch)")
+    g.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    p.set_defaults(**{k: v for k, v in defaults.items()})
+    return p
+
+
+def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
+    """Knobs the algorithm's store accepts (none for local/raw MXNet stores)."""
+    if algorithm not in PROJECT_STORES:
+        return ()
+    from ..stores.policies import POLICIES
+    policy = POLICIES.get(algorithm)
+    return tuple(sorted(policy.defaults)) if policy is not None else ()
+
+
+def compression_params(args: argparse.Namespace) -> Dict[str, object]:
+    """The ``compression_params`` for the Trainer: the knobs the user set, plus the
+    script's knob defaults that the algorithm accepts.
+
+    Raises:
+        UsageError: a knob set on the command line that the algorithm does not use.
+    """
+    accepted = accepted_knobs(args.algorithm)
+    user = {k: getattr(args, k) for k in KNOB_FLAGS if getattr(args, k, None) is not None}
+    rejected = sorted(k for k in user if k not in accepted)
+    if rejected:
+        flags = ", ".join(KNOB_FLAGS[k][0] for k in rejected)
+        ok = ", ".join(KNOB_FLAGS[k][0] for k in accepted if k in KNOB_FLAGS)
+        raise UsageError("%s not used by --algorithm %s (it accepts: %s)"
+                         % (flags, args.algorithm, ok or "no knobs"))
+    params = {k: v for k, v in (getattr(args, "knob_defaults", None) or {}).items()
+              if k in accepted and v is not None}
+    params.update(user)
+    return params
+
+
+def parse_lr_decay_epochs(text: str) -> List[int]:
+    """``'10,20'`` -> ``[10, 20]``; raises UsageError unless strictly increasing > 0."""
+    if not text or not text.strip():
+        return []
+    try:
+        epochs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError("--lr-decay-epoch must be comma-separated integers, got %r"
+                         % text) from None
+    if any(e <= 0 for e in epochs) or epochs != sorted(set(epochs)):
+        raise UsageError("--lr-decay-epoch must be strictly increasing epochs > 0, got %r"
+                         % text)
+    return epochs
+
+
+def parse_gpus(text: str) -> List[int]:
+    """``'0,1'`` -> ``[0, 1]``; empty -> ``[]`` (CPU)."""
+    if not text or not text.strip():
+        return []
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError("--gpus must be comma-separated GPU ids, got %r" % text) from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise UsageError("--gpus must list distinct ids >= 0, got %r" % text)
+    return ids
+
+
+def validate_args(args: argparse.Namespace) -> None:
+    """Check the settings; raises UsageError with a message naming the flag."""
+    positive_ints = ("num_epochs", "batch_size", "synthetic_batches")
+    for name in positive_ints:
+        if getattr(args, name) < 1:
+            raise UsageError("--%s must be >= 1, got %r" % (name.replace("_", "-"),
+                                                            getattr(args, name)))
+    if args.max_iters is not None and args.max_iters < 1:
+        raise UsageError("--max-iters must be >= 1, got %r" % args.max_iters)
+    if args.num_data_workers < 0 or args.log_interval < 0:
+        raise UsageError("--num-data-workers and --log-interval must be >= 0")
+    if not args.lr > 0 or math.isinf(args.lr):
+        raise UsageError("--lr must be > 0, got %r" % args.lr)
+    if not 0 <= args.momentum < 1:
+        raise UsageError("--momentum must be in [0, 1), got %r" % args.momentum)
+    if args.wd < 0:
+        raise UsageError("--wd must be >= 0, got %r" % args.wd)
+    if not args.lr_decay > 0:
+        raise UsageError("--lr-decay must be > 0, got %r" % args.lr_decay)
+    parse_lr_decay_epochs(args.lr_decay_epoch)
+    parse_gpus(args.gpus)
+    if args.resume and not args.checkpoint_dir:
+        raise UsageError("--resume needs --checkpoint-dir")
+    compression_params(args)
+
+
+def parse_args(parser: argparse.ArgumentParser,
+               argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse and validate; bad settings exit with status 2 and a message."""
+    args = parser.parse_args(argv)
+    try:
+        validate_args(args)
+    except UsageError as err:
+        parser.error(str(err))
+    return args
