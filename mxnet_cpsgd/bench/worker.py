@@ -1,7 +1,7 @@
 """The per-worker timing loop of ``cpsgd-bench`` (one process per worker).
 
 ``cpsgd-bench`` starts this module as the workers' command of a launcher job
-(``python -m mxnet_cpsgd.bench_worker ...``); run by hand it needs the same
+(``python -m mxnet_cpsgd.bench.worker ...``); run by hand it needs the same
 ps-lite environment as any worker.  Each worker
 
 1. builds the model on synthetic tensors and a ``gluon.Trainer`` with the
