@@ -20,7 +20,13 @@ __version__ = "0.1.0"
 if _os.environ.get("DMLC_ROLE") in ("server", "scheduler"):
     __all__ = []
 else:
+    from kvstore_ext import exit_on_error as _exit_on_error
     from kvstore_ext import trainer_hook as _trainer_hook
+
+    # a worker that raises must leave the job at once, not wait in MXNet's
+    # shutdown barrier for peers that wait for it (kvstore_ext/exit_on_error.py)
+    if _exit_on_error.wanted():
+        _exit_on_error.install()
 
     from .stores.config import AlgorithmConfig, ConfigError
     from .stores.policies import POLICIES

@@ -2,9 +2,9 @@
 
 ps-lite itself never notices a dead peer: the survivors wait forever for the
 round the dead node will not complete.  mxnet_cpsgd.launch watches every node
-and stops the job when one exits abnormally.  These tests kill a worker and a
-server of a real 2-worker cpsgd job (tests/workers/failing_worker.py) after 3
-iterations and check that the job fails with a message naming the dead node,
+and stops the job when one exits abnormally.  These tests kill a worker, a
+server and the scheduler of a real 2-worker cpsgd job
+(tests/workers/failing_worker.py) after 3 iterations and check that the job fails with a message naming the dead node,
 within 60 s in all (start included), and that no process of the job (found by
 the job's tag and its DMLC_PS_ROOT_PORT in /proc/*/environ) is left.
 """
@@ -24,6 +24,7 @@ def _killed_at(result):
 @pytest.mark.parametrize("mode,node", [
     ("kill-worker", "worker 1"),
     ("kill-server", "server 0"),
+    ("kill-scheduler", "scheduler"),
 ])
 def test_dead_node_fails_the_job(worker_job, mode, node):
     result = worker_job("failing_worker.py", mode, job_timeout=2 * BOUND_S, timeout=20)

@@ -52,6 +52,15 @@ _PS_EXIT_GRACE_S = 10.0
 #: SIGTERM -> SIGKILL grace, capped at a share of --timeout
 _TERM_GRACE_S = 3.0
 _MESSAGE_PREFIX = "cpsgd-launch: "
+#: how a Python traceback starts, and its closing "module.Error: message" line
+_TRACEBACK_START = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
+_EXCEPTION_MAX_CHARS = 300
+#: how long to wait for the rest of a failed node's output (its exception line)
+_READER_JOIN_S = 2.0
+#: put first on the workers' PYTHONPATH: makes a worker that raises exit at once
+WORKER_SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "kvstore_ext", "worker_site")
 
 # Jobs with processes that may still run, for the atexit cleanup.
 _LIVE_JOBS: Set["_Job"] = set()
@@ -157,6 +166,8 @@ class _Node:
     returncode: Optional[int] = None   # set once seen exited
     stopped: bool = False              # we signalled it
     reader: Optional[threading.Thread] = None
+    #: the last "SomeError: message" line of a traceback the node printed
+    exception: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -227,9 +238,18 @@ class _Output:
         prefix = "[%s] " % node.name
 
         def copy() -> None:
+            in_traceback = False
             try:
                 for raw in iter(node.proc.stdout.readline, b""):
                     text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if text.startswith(_TRACEBACK_START):
+                        in_traceback = True
+                    elif in_traceback and text and not text[0].isspace():
+                        # the first unindented line closes the traceback; MXNet's
+                        # errors carry a second (C++) traceback inside the message
+                        if _EXCEPTION_LINE.match(text):
+                            node.exception = text.strip()
+                        in_traceback = text.endswith(_TRACEBACK_START)
                     self.emit(prefix + text)
                     if log is not None:  # only this thread writes this file
                         log.write(text + "\n")
@@ -313,8 +333,8 @@ class _Job:
             for node in self.nodes:
                 if self._poll(node) and node.returncode != 0:
                     code = node.returncode if node.role == "worker" and node.returncode > 0 else 1
-                    return code, "%s %s; stopping the job" % (
-                        node.name, describe_exit(node.returncode))
+                    return code, "%s %s%s; stopping the job" % (
+                        node.name, describe_exit(node.returncode), self._raised(node))
             if all(self._poll(n) for n in workers):
                 self.end_noticed = time.monotonic()
                 return self._finish(others)
@@ -326,6 +346,21 @@ class _Job:
                 return 1, ("%s exited while workers were still running (%s); stopping the job"
                            % (first_ps_exit.name, running))
             self.wakeup.wait(_POLL_S)
+
+    @staticmethod
+    def _raised(node: _Node) -> str:
+        """`` after raising ValueError: ...`` if the node exited with an error
+        code after printing a traceback."""
+        if node.returncode is None or node.returncode <= 0:
+            return ""
+        if node.reader is not None:
+            node.reader.join(_READER_JOIN_S)  # the last lines may still be in the pipe
+        if node.exception is None:
+            return ""
+        text = node.exception
+        if len(text) > _EXCEPTION_MAX_CHARS:
+            text = text[:_EXCEPTION_MAX_CHARS - 3] + "..."
+        return " after raising %s" % text
 
     def _finish(self, others: List[_Node]) -> Tuple[int, Optional[str]]:
         """All workers exited 0: give servers/scheduler a moment to exit."""
@@ -423,6 +458,9 @@ def _build_nodes(command: List[str], num_workers: int, num_servers: int,
         })
         if role == "worker":
             node_env[WORKER_INDEX_ENV] = str(index)
+            node_env["PYTHONPATH"] = os.pathsep.join(
+                [WORKER_SITE_DIR] + ([node_env["PYTHONPATH"]] if node_env.get("PYTHONPATH")
+                                     else []))
             argv = list(command)
         else:
             argv = [sys.executable, "-c", "import mxnet"]

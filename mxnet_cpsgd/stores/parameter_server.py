@@ -46,12 +46,30 @@ class _Param:
         self.send = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
         self.glob = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
 
+    @property
+    def chunked(self):
+        return len(self.chunks) > 1
+
     def parts(self, array):
         """(key, view) for each chunk of ``array`` (the array itself when unchunked)."""
-        if len(self.chunks) == 1:
+        if not self.chunked:
             return [(self.chunks[0].key, array)]
         flat = array.reshape(-1)
         return [(c.key, flat[c.start:c.stop]) for c in self.chunks]
+
+    def pull_targets(self, targets):
+        """Split ``targets`` into (arrays MXNet pulls into, arrays copied from glob after).
+
+        A chunked parameter is pulled into views of ``glob`` only and then
+        copied whole into the worker's weights: after an inference forward,
+        MKL-DNN holds the weights in its own layout and MXNet aborts when an
+        operation writes a view of such an array ("Check failed: !is_view").
+        ``glob`` never enters a forward pass, so its views are safe.
+        """
+        if not self.chunked or not targets:
+            return targets, []
+        assert targets[0] is self.glob, "a chunked pull must land in glob first"
+        return targets[:1], targets[1:]
 
 
 class _StepItem(NamedTuple):
@@ -62,6 +80,30 @@ class _StepItem(NamedTuple):
     outs: list       # the weights on each device (outs[0] is the worker's L)
     priority: int
     plan: object     # the policy's StepPlan for this iteration
+
+
+def _to_numpy(array, tries=3):
+    """``array.asnumpy()``, tried again when MKL-DNN's layout makes it fail.
+
+    Seen in 2-worker jobs with MXNet 1.9.1: the first read of a weight that
+    forward passes left in MKL-DNN's layout sometimes fails with "We can't
+    generate TBlob for MKLDNN data"; the failed read leaves the array in the
+    default layout and the next read returns the right values.
+    """
+    for attempt in range(tries):
+        try:
+            return array.asnumpy()
+        except mx.base.MXNetError as err:
+            if "MKLDNN" not in str(err) or attempt == tries - 1:
+                raise
+            mx.nd.waitall()
+
+
+def _describe_keys(keys):
+    keys = sorted(keys)
+    if keys == list(range(len(keys))):
+        return "0..%d" % (len(keys) - 1) if keys else "none"
+    return ", ".join(map(repr, keys))
 
 
 class _UpdaterView:
@@ -125,13 +167,17 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     def set_gradient_compression(self, compression_params):
         """Called by gluon.Trainer with its ``compression_params``: the algorithm's knobs."""
-        if self._optimizer is not None:
-            raise RuntimeError("set_gradient_compression must come before set_optimizer "
-                               "(gluon.Trainer calls them in that order)")
         if not isinstance(compression_params, dict):
             raise config_mod.ConfigError("compression_params must be a dict, got %r"
                                          % (compression_params,))
-        self._config = self._resolve(compression_params)
+        resolved = self._resolve(compression_params)
+        if self._policy is not None and resolved != self._config:
+            # a second Trainer on a store in use: its algorithm already runs
+            raise RuntimeError(
+                "kvstore '%s' is already in use with %s; a Trainer that reuses it must "
+                "pass the same compression_params (or none), got %s"
+                % (self.policy_class.name, self._config, resolved))
+        self._config = resolved
 
     def _start(self):
         if self._kv is not None:
@@ -149,6 +195,8 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     def _configure(self):
         """Fix the settings; compression must be on before the first key exists."""
+        if self._policy is not None:
+            return  # a second Trainer reuses the store as it is
         self._start()
         self._policy = self.policy_class(self._config)
         if self._policy.uses_compression:
@@ -179,9 +227,14 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     # ------------------------------------------------------------- optimizer
     def set_optimizer(self, optimizer):
-        """Send the algorithm's server optimizer to the servers and set up Opt_l."""
-        if self._optimizer is not None:
-            raise RuntimeError("set_optimizer was already called on this store")
+        """Send the algorithm's server optimizer to the servers and set up Opt_l.
+
+        A second call (a new Trainer given the same store, as MXNet allows for
+        dist_sync) sends the new optimizer to the servers, which start its
+        state afresh, and keeps the servers' weights: every parameter must have
+        the shape it had, and the new Trainer's parameters receive the current
+        global weights at its broadcast.
+        """
         if self.policy_class.uses_compression:
             # fail before joining the job: MXNet quantizes float32 only
             for index, param in optimizer.param_dict.items():
@@ -204,12 +257,43 @@ class PolicyStore(mx.kv.KVStoreBase):
         probe = server_opt.create_state_multi_precision(
             0, mx.nd.zeros((probe_size,), dtype=np.float32))
         mirrored = state_size(probe)
+        if self._params:
+            self._reuse(optimizer, shapes, mirrored is not None,
+                        (mirrored or 0) // probe_size)
+            return
         self._mirrors = mirrored is not None
         self._state_per_element = (mirrored or 0) // probe_size
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
                                  bigarray_bound())
         self._adopt_optimizer(optimizer)
+
+    def _reuse(self, optimizer, shapes, mirrors, state_per_element):
+        """set_optimizer on a store whose keys exist: same parameters, new optimizer."""
+        changed = ["parameter %r: shape %s, but this store holds %s"
+                   % (i, shape, self._layout.shapes.get(i, "no such parameter"))
+                   for i, shape in sorted(shapes.items())
+                   if self._layout.shapes.get(i) != shape]
+        if (mirrors, state_per_element) != (self._mirrors, self._state_per_element):
+            # the keys were laid out for the first optimizer's state size
+            changed.append("the optimizer keeps %s state values per weight, the first "
+                           "one kept %s" % (state_per_element if mirrors else "non-array",
+                                            self._state_per_element if self._mirrors
+                                            else "non-array"))
+        if changed:
+            raise ValueError(
+                "kvstore '%s' already holds the parameters of an earlier Trainer; a "
+                "Trainer may reuse it only for parameters of the same shapes, with an "
+                "optimizer of the same kind of state (%s). "
+                "MXNet allows one dist store per process: train another model in a new "
+                "job" % (self.policy_class.name, "; ".join(changed)))
+        self._flush_step()
+        mx.nd.waitall()
+        self._adopt_optimizer(optimizer)
+        if self._mirrors:
+            for param in self._params.values():
+                self._register_mirrors(param, init=False)
+        self._checked = set()
 
     def _server_optimizer(self, optimizer):
         chosen = self._policy.server_optimizer(optimizer, self._kv.num_workers)
@@ -242,11 +326,11 @@ class PolicyStore(mx.kv.KVStoreBase):
     def _check_array(self, key, array):
         if array.stype != "default":
             raise ValueError("kvstore '%s' supports dense parameters and gradients only; "
-                             "parameter %d is %s" % (self.policy_class.name, key, array.stype))
+                             "parameter %r is %s" % (self.policy_class.name, key, array.stype))
         if self._policy is not None and self._policy.uses_compression \
                 and np.dtype(array.dtype) != np.float32:
             raise ValueError("kvstore '%s' compresses gradients, which MXNet supports for "
-                             "float32 only; parameter %d is %s (use float32 parameters or "
+                             "float32 only; parameter %r is %s (use float32 parameters or "
                              "kvstore='odsgd'/'ssgd')"
                              % (self.policy_class.name, key, np.dtype(array.dtype).name))
 
@@ -268,27 +352,36 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._check_array(key, value)
         for o in outs:
             self._check_array(key, o)
-        if key in self._params:
-            raise RuntimeError("key %d was already initialised" % key)
-        if key not in self._layout.chunks or tuple(value.shape) != self._layout.shapes[key]:
-            raise ValueError("key %d has shape %s, but the optimizer's param_dict says %s"
-                             % (key, value.shape, self._layout.shapes.get(key)))
-        param = _Param(key, value, self._layout.chunks[key])
+        if key not in self._layout.chunks:
+            raise ValueError(
+                "kvstore '%s' has no parameter %r: its keys are the indices of the "
+                "optimizer's param_dict, %s (gluon.Trainer numbers its parameters 0..N-1)"
+                % (self.policy_class.name, key, _describe_keys(self._layout.chunks)))
+        if tuple(value.shape) != self._layout.shapes[key]:
+            raise ValueError("parameter %r has shape %s, but the optimizer's param_dict "
+                             "says %s" % (key, value.shape, self._layout.shapes[key]))
+        param = self._params.get(key)
+        if param is None:
+            param = _Param(key, value, self._layout.chunks[key])
+            parts = param.parts(value)
+            self._kv.init([k for k, _ in parts], [v for _, v in parts])
+            if self._mirrors:
+                self._register_mirrors(param)
+        else:
+            # initialised by an earlier Trainer: the servers' weights stay, the new
+            # Trainer's arrays receive them (its values are not sent anywhere)
+            self._flush_step()
+            param.glob.wait_to_read()
         param.weights = outs[0]  # the worker's weights L (restored by load_states)
-        parts = param.parts(value)
-        self._kv.init([k for k, _ in parts], [v for _, v in parts])
-        if self._mirrors:
-            self._register_mirrors(param)
-        for (k, glob_part), outs_parts in zip(param.parts(param.glob),
-                                              zip(*[param.parts(o) for o in outs])):
-            self._kv.pull(k, out=[glob_part] + [p for _, p in outs_parts], priority=priority)
+        self._pull(param, [param.glob] + outs, priority)
         # a later push must not overtake this pull (MXNet orders them per array only)
         for o in outs:
             o.wait_to_read()
         param.glob.wait_to_read()
-        self._params[key] = param
-        self._steps[key] = 0
-        self._rounds[key] = 0
+        if key not in self._params:
+            self._params[key] = param
+            self._steps[key] = 0
+            self._rounds[key] = 0
 
     def _mirror_size(self, chunk):
         # [state, weights, trailer]: see server_optimizer
@@ -363,7 +456,7 @@ class PolicyStore(mx.kv.KVStoreBase):
     def _record(self, key, value, out, priority):
         param = self._params.get(key)
         if param is None:
-            raise RuntimeError("key %d was not initialised (broadcast) before pushpull" % key)
+            raise RuntimeError("key %r was not initialised (broadcast) before pushpull" % (key,))
         grads = list(value) if isinstance(value, (list, tuple)) else [value]
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         if key not in self._checked:
@@ -418,9 +511,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                 switched.append((param, targets, priority))
             elif plan.push is Push.DENSE and targets:
                 # the server answers the push with the new weights: one round trip
-                for (k, send_part), target_parts in zip(param.parts(param.send),
-                                                        self._part_lists(param, targets)):
-                    self._kv.pushpull(k, send_part, out=target_parts, priority=priority)
+                self._pull(param, targets, priority, push=True)
             else:
                 self._push_send(param, priority)
                 pulls.append((param, targets, priority))
@@ -432,12 +523,8 @@ class PolicyStore(mx.kv.KVStoreBase):
             pulls.extend(switched)
         # 4. pulls, after the switch is back
         for param, targets, priority in pulls:
-            if not targets:
-                continue
-            for chunk, target_parts in zip(param.chunks, self._part_lists(param, targets)):
-                self._kv.pull(chunk.key, out=target_parts, priority=priority)
-                if self._switch is not None:
-                    self._pulls_in_flight[chunk.key] = target_parts
+            if targets:
+                self._pull(param, targets, priority)
         for key, param, grads, outs, priority, plan in items:
             if plan.push is not Push.NONE:
                 self._rounds[key] += 1
@@ -449,11 +536,25 @@ class PolicyStore(mx.kv.KVStoreBase):
         parts = param.parts(param.send)
         self._kv.push([k for k, _ in parts], [v for _, v in parts], priority=priority)
 
-    @staticmethod
-    def _part_lists(param, arrays):
-        """Per chunk of ``param``: the list of that chunk's view of each array."""
-        return [[view for _, view in parts] for parts in
-                zip(*[param.parts(a) for a in arrays])]
+    def _pull(self, param, targets, priority, push=False):
+        """Pull ``param``'s global weights into ``targets`` (with ``push``: push
+        ``send`` and receive the weights in the same round trip, ``pushpull``).
+
+        ``targets`` starts with ``param.glob`` whenever it holds more than one
+        array; see :meth:`_Param.pull_targets` for chunked parameters.
+        """
+        direct, copies = param.pull_targets(targets)
+        per_chunk = [[view for _, view in parts] for parts in
+                     zip(*[param.parts(a) for a in direct])]
+        for (key, send_part), target_parts in zip(param.parts(param.send), per_chunk):
+            if push:
+                self._kv.pushpull(key, send_part, out=target_parts, priority=priority)
+            else:
+                self._kv.pull(key, out=target_parts, priority=priority)
+                if self._switch is not None:
+                    self._pulls_in_flight[key] = target_parts
+        for array in copies:
+            param.glob.copyto(array)
 
     def _local_update(self, kind, group, sources):
         """The workers' own step for ``group`` (items of one ``Local`` kind)."""
@@ -514,7 +615,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                 self._kv.pull(base + chunk.key, out=buf)
                 mirrors.append(buf)
             params[index] = {
-                "weights": param.weights.asnumpy(),
+                "weights": _to_numpy(param.weights),
                 "global": param.glob.asnumpy(),
                 "server_weights": server_w.asnumpy(),
                 "server_state": [m.asnumpy()[:c.size * self._state_per_element]
@@ -554,7 +655,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         for index, param in self._params.items():
             entry = saved.get(index)
             if entry is None or entry["weights"].shape != tuple(param.shape):
-                raise ValueError("%s does not match this model: parameter %d %s"
+                raise ValueError("%s does not match this model: parameter %r %s"
                                  % (fname, index, "missing" if entry is None else
                                     "has shape %s, expected %s"
                                     % (entry["weights"].shape, tuple(param.shape))))
@@ -579,7 +680,8 @@ class PolicyStore(mx.kv.KVStoreBase):
         for index, param in sorted(self._params.items()):
             entry = saved[index]
             param.glob[:] = entry["global"]
-            param.weights[:] = entry["weights"]
+            # a whole-array copy: MXNet cannot write numpy into MKL-DNN-layout arrays
+            mx.nd.array(entry["weights"], dtype=param.weights.dtype).copyto(param.weights)
             flat_w = entry["server_weights"].reshape(-1)
             self._loaded_server_weights[index] = entry["server_weights"]
             for chunk, state in zip(param.chunks, entry["server_state"]):

@@ -1,6 +1,6 @@
 """Worker of tests/test_failures.py: a node of a training job dies mid-training.
 
-Usage (inside a job): python failing_worker.py kill-worker|kill-server [ALGO]
+Usage (inside a job): python failing_worker.py kill-worker|kill-server|kill-scheduler [ALGO]
 
 Every worker trains a small net with kvstore=ALGO (default cpsgd, warm-up 2, so
 the death comes in compressed one-step-delay rounds), waiting for each
@@ -8,7 +8,8 @@ iteration to finish.  After 3 iterations
     kill-worker: the worker with launcher index 1 SIGKILLs itself;
     kill-server: the worker with launcher index 0 SIGKILLs the job's server (the
                  process whose environment has DMLC_ROLE=server and this job's
-                 DMLC_PS_ROOT_PORT).
+                 DMLC_PS_ROOT_PORT);
+    kill-scheduler: the same for the job's scheduler.
 The survivors then block in the next round; only the launcher can end the job.
 Each prints "KILL <node> at <unix time>" just before the kill.  A worker still
 running after 120 s exits with code 3 (the test then fails on the time bound).
@@ -30,7 +31,7 @@ KILL_AFTER = 3
 GIVE_UP_S = 120
 
 
-def server_pids():
+def server_pids(role="server"):
     port = os.environ["DMLC_PS_ROOT_PORT"].encode()
     pids = []
     for pid in os.listdir("/proc"):
@@ -41,7 +42,7 @@ def server_pids():
                 env = dict(i.split(b"=", 1) for i in f.read().split(b"\0") if b"=" in i)
         except OSError:
             continue
-        if env.get(b"DMLC_ROLE") == b"server" and env.get(b"DMLC_PS_ROOT_PORT") == port:
+        if env.get(b"DMLC_ROLE") == role.encode() and env.get(b"DMLC_PS_ROOT_PORT") == port:
             pids.append(int(pid))
     return pids
 
@@ -64,6 +65,11 @@ def main(mode, algo):
                 pids = server_pids()
                 assert len(pids) == 1, "expected one server of this job, found %s" % pids
                 print("KILL server pid %d at %.3f" % (pids[0], time.time()), flush=True)
+                os.kill(pids[0], signal.SIGKILL)
+            if mode == "kill-scheduler" and INDEX == 0:
+                pids = server_pids("scheduler")
+                assert len(pids) == 1, "expected one scheduler of this job, found %s" % pids
+                print("KILL scheduler pid %d at %.3f" % (pids[0], time.time()), flush=True)
                 os.kill(pids[0], signal.SIGKILL)
         with autograd.record():
             loss = net(mx.nd.ones((2, 4)) * (t + 1)).sum()

@@ -1,0 +1,27 @@
+"""Loaded by Python at start-up in every worker that cpsgd-launch starts.
+
+The launcher puts this folder first on the workers' PYTHONPATH so that a
+worker dies promptly of an uncaught exception whatever store its script uses
+(see ../exit_on_error.py), even one that never imports mxnet_cpsgd.  Then it
+steps aside: the folder leaves sys.path and any other sitecustomize on the
+path is imported as usual.
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location(
+    "_mxnet_cpsgd_exit_on_error", os.path.join(os.path.dirname(_here), "exit_on_error.py"))
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+if _module.wanted():
+    _module.install()
+
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+_other = importlib.machinery.PathFinder.find_spec(__name__, sys.path)
+if _other is not None:  # run the sitecustomize we shadow, in our place
+    _module = importlib.util.module_from_spec(_other)
+    sys.modules[__name__] = _module
+    _other.loader.exec_module(_module)
