@@ -141,6 +141,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._local = None
         self._layout = None
         self._mirrors = False
+        self._no_mirrors_reason = None
         self._params = {}
         self._steps = {}
         self._rounds = {}
@@ -262,6 +263,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                         (mirrored or 0) // probe_size)
             return
         self._mirrors = mirrored is not None
+        self._no_mirrors_reason = "its state is not float32 arrays"
         self._state_per_element = (mirrored or 0) // probe_size
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
@@ -274,23 +276,23 @@ class PolicyStore(mx.kv.KVStoreBase):
                    % (i, shape, self._layout.shapes.get(i, "no such parameter"))
                    for i, shape in sorted(shapes.items())
                    if self._layout.shapes.get(i) != shape]
-        if (mirrors, state_per_element) != (self._mirrors, self._state_per_element):
-            # the keys were laid out for the first optimizer's state size
-            changed.append("the optimizer keeps %s state values per weight, the first "
-                           "one kept %s" % (state_per_element if mirrors else "non-array",
-                                            self._state_per_element if self._mirrors
-                                            else "non-array"))
         if changed:
             raise ValueError(
                 "kvstore '%s' already holds the parameters of an earlier Trainer; a "
-                "Trainer may reuse it only for parameters of the same shapes, with an "
-                "optimizer of the same kind of state (%s). "
+                "Trainer may reuse it only for parameters of the same shapes (%s). "
                 "MXNet allows one dist store per process: train another model in a new "
                 "job" % (self.policy_class.name, "; ".join(changed)))
         self._flush_step()
         mx.nd.waitall()
         self._adopt_optimizer(optimizer)
-        if self._mirrors:
+        if (mirrors, state_per_element) != (self._mirrors, self._state_per_element):
+            # the mirror keys are sized for the first optimizer's state: the servers
+            # keep the new state on their own, and it cannot be saved
+            self._mirrors = False
+            self._no_mirrors_reason = (
+                "a Trainer whose optimizer keeps another kind of state (%s) reused the "
+                "store" % type(optimizer).__name__)
+        elif self._mirrors:
             for param in self._params.values():
                 self._register_mirrors(param, init=False)
         self._checked = set()
@@ -595,9 +597,9 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._flush_step()
         if not self._mirrors:
             raise RuntimeError(
-                "kvstore '%s' cannot save the servers' optimizer state of %s: its state "
-                "is not float32 arrays" % (self.policy_class.name,
-                                          type(self._optimizer).__name__))
+                "kvstore '%s' cannot save the servers' optimizer state of %s: %s"
+                % (self.policy_class.name, type(self._optimizer).__name__,
+                   self._no_mirrors_reason))
         mx.nd.waitall()  # every issued round is complete on the servers
         base = self._layout.mirror_base
         params = {}
