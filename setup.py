@@ -10,6 +10,8 @@ setup(
                 "as MXNet parameter-server KVStores",
     python_requires=">=3.8",
     packages=find_packages(include=["mxnet_cpsgd", "mxnet_cpsgd.*", "kvstore_ext"]),
+    # put first on the workers' PYTHONPATH by cpsgd-launch (not a package)
+    package_data={"kvstore_ext": ["worker_site/sitecustomize.py"]},
     install_requires=["mxnet==1.9.1", "numpy<1.24"],
     extras_require={
         "examples": EXAMPLES,

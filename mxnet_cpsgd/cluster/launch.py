@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+import kvstore_ext
 from mxnet_cpsgd.cluster import netem
 
 #: hint for workers: the launcher's index 0..M-1 (ps-lite assigns ranks itself)
@@ -59,8 +60,8 @@ _EXCEPTION_MAX_CHARS = 300
 #: how long to wait for the rest of a failed node's output (its exception line)
 _READER_JOIN_S = 2.0
 #: put first on the workers' PYTHONPATH: makes a worker that raises exit at once
-WORKER_SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "kvstore_ext", "worker_site")
+WORKER_SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(kvstore_ext.__file__)),
+                               "worker_site")
 
 # Jobs with processes that may still run, for the atexit cleanup.
 _LIVE_JOBS: Set["_Job"] = set()
