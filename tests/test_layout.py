@@ -4,7 +4,8 @@ Layers, lowest first (a module may import its own layer and the ones it lists):
 
     kvstore_ext                       MXNet internals; imports nothing of mxnet_cpsgd
     mxnet_cpsgd.stores                the stores; kvstore_ext only
-    mxnet_cpsgd.cluster               starting jobs, emulating networks; nothing else
+    mxnet_cpsgd.cluster               starting jobs, emulating networks; kvstore_ext only
+                                      (the workers' exit-on-error hook lives there)
     mxnet_cpsgd (__init__)            the public API; registers the stores
     mxnet_cpsgd.training              the scripts' loop, data, models; stores, API
     mxnet_cpsgd.bench, .repro         tooling on top; everything below, not each other
@@ -27,7 +28,7 @@ PACKAGES = ("mxnet_cpsgd", "kvstore_ext")
 ALLOWED = {
     "kvstore_ext": set(),
     "stores": {"kvstore_ext"},
-    "cluster": set(),
+    "cluster": {"kvstore_ext"},
     "api": {"stores", "kvstore_ext"},
     "training": {"stores", "api", "kvstore_ext"},
     "bench": {"training", "cluster", "stores", "api", "kvstore_ext", "alias"},
