@@ -29,11 +29,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import kvstore_ext
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.cluster import netem, ssh
 
 #: hint for workers: the launcher's index 0..M-1 (ps-lite assigns ranks itself)
 WORKER_INDEX_ENV = "MXNET_CPSGD_WORKER_INDEX"
@@ -169,10 +170,18 @@ class _Node:
     reader: Optional[threading.Thread] = None
     #: the last "SomeError: message" line of a traceback the node printed
     exception: Optional[str] = None
+    host: Optional[ssh.Host] = None    # remote node: its host (argv is then ssh's)
+    remote_command: str = ""           # remote node: the command ssh runs there
 
     @property
     def name(self) -> str:
-        return self.role if self.role == "scheduler" else "%s %d" % (self.role, self.index)
+        name = self.role if self.role == "scheduler" else "%s %d" % (self.role, self.index)
+        return name if self.host is None else "%s on %s" % (name, self.host)
+
+    def describe(self) -> str:
+        """How the node exited, e.g. ``'exited with signal SIGKILL'``."""
+        lost = self.proc.describe() if isinstance(self.proc, ssh.RemoteProcess) else None
+        return lost or describe_exit(self.returncode)
 
     @property
     def file_name(self) -> str:
@@ -183,6 +192,9 @@ class _Node:
         to catch descendants it left)."""
         if self.proc is None:
             return
+        if isinstance(self.proc, ssh.RemoteProcess):
+            self.proc.signal_group(signum)
+            return
         try:
             os.killpg(self.proc.pid, signum)
         except (ProcessLookupError, PermissionError):
@@ -192,6 +204,8 @@ class _Node:
         """Leader reaped and no other member of its group alive."""
         if self.proc is None:
             return True
+        if isinstance(self.proc, ssh.RemoteProcess):
+            return self.proc.group_gone()
         if self.proc.poll() is None:
             return False
         try:
@@ -264,6 +278,11 @@ class _Output:
         thread.start()
         return thread
 
+    def stderr_printer(self, node: _Node) -> Callable[[str], None]:
+        """For a remote node: prints what ssh itself says, with the prefix."""
+        prefix = "[%s] " % node.name
+        return lambda text: self.emit(prefix + text)
+
     def close(self) -> None:
         if self._launcher_log is not None:
             self._launcher_log.close()
@@ -299,12 +318,20 @@ class _Job:
         # Start every process before any reader thread: forking (and running
         # preexec_fn) while no other thread of ours runs is the safe case.
         for node in self.nodes:
+            if node.host is not None:
+                node.proc = ssh.RemoteProcess(
+                    node.argv, node.remote_command,
+                    dict(start_new_session=True, preexec_fn=preexec),
+                    self.out.stderr_printer(node))
+                continue
             node.proc = subprocess.Popen(
                 node.argv, env=node.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
         announce()
         for node in self.nodes:
             node.reader = self.out.reader(node)
+            if isinstance(node.proc, ssh.RemoteProcess):
+                node.proc.start_reader()
 
     def _poll(self, node: _Node) -> bool:
         """Whether the node has exited (records its returncode)."""
@@ -335,7 +362,7 @@ class _Job:
                 if self._poll(node) and node.returncode != 0:
                     code = node.returncode if node.role == "worker" and node.returncode > 0 else 1
                     return code, "%s %s%s; stopping the job" % (
-                        node.name, describe_exit(node.returncode), self._raised(node))
+                        node.name, node.describe(), self._raised(node))
             if all(self._poll(n) for n in workers):
                 self.end_noticed = time.monotonic()
                 return self._finish(others)
@@ -375,7 +402,7 @@ class _Job:
             return 128 + self.signal_received, "received %s; stopping the job" % name
         for node in others:
             if self._poll(node) and node.returncode != 0:
-                return 1, "%s %s at shutdown" % (node.name, describe_exit(node.returncode))
+                return 1, "%s %s at shutdown" % (node.name, node.describe())
         return 0, None
 
     def teardown(self, reserve: float = 0.0) -> List[_Node]:
@@ -416,6 +443,8 @@ class _Job:
         """SIGKILL every group at once (exceptions, interpreter exit)."""
         for node in self.nodes:
             node.signal_group(signal.SIGKILL)
+            if isinstance(node.proc, ssh.RemoteProcess):
+                node.proc.kill_local()
         for node in self.nodes:
             if node.proc is not None:
                 try:
@@ -471,6 +500,76 @@ def _build_nodes(command: List[str], num_workers: int, num_servers: int,
     return nodes
 
 
+def _build_host_nodes(command: List[str], num_workers: int, num_servers: int,
+                      env: Mapping[str, str], port: int, cluster: ssh.Cluster,
+                      root_uri: str, job_id: str, heartbeat: float) -> List[_Node]:
+    """Nodes of a multi-host job: the scheduler on this machine (or the first
+    host), servers then workers round-robin over the hosts (node i of the
+    servers-then-workers list on host i % len(hosts), as MXNet's tools/launch.py
+    places them); remote nodes run through ssh and the watchdog."""
+    hosts = cluster.hosts
+    defaults = {"PS_VERBOSE": "0", "PYTHONUNBUFFERED": "1"}
+    cwd = cluster.copy_to or os.getcwd()
+    roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
+        + [("worker", i) for i in range(num_workers)]
+    nodes = []
+    for role, index in roles:
+        if role == "scheduler":
+            host = hosts[0] if cluster.scheduler_on_first_host else None
+        else:
+            position = index if role == "server" else num_servers + index
+            host = hosts[position % len(hosts)]
+        dmlc = {
+            "DMLC_ROLE": role,
+            "DMLC_PS_ROOT_URI": root_uri,
+            "DMLC_PS_ROOT_PORT": str(port),
+            "DMLC_NUM_SERVER": str(num_servers),
+            "DMLC_NUM_WORKER": str(num_workers),
+            "DMLC_NODE_HOST": root_uri if host is None else host.name,
+            ssh.JOB_ID_ENV: job_id,
+        }
+        if role == "worker":
+            dmlc[WORKER_INDEX_ENV] = str(index)
+            argv = list(command)
+        else:
+            argv = [cluster.python, "-c", "import mxnet"]
+        if host is None:  # the scheduler on the launching machine
+            node_env = dict(os.environ)
+            node_env.update(defaults)
+            node_env.update(env)
+            node_env.update(dmlc)
+            nodes.append(_Node(role, index, argv, node_env))
+            continue
+        # remote: only the forwarded part of our environment, passed explicitly
+        node_env = ssh.forwarded_env(os.environ)
+        node_env.update(defaults)
+        node_env.update(env)
+        node_env.update(dmlc)
+        if role == "worker":  # same path on every host, like the interpreter
+            node_env["PYTHONPATH"] = os.pathsep.join(
+                [WORKER_SITE_DIR] + ([node_env["PYTHONPATH"]] if node_env.get("PYTHONPATH")
+                                     else []))
+        remote = ssh.remote_command(cwd, node_env, cluster.python, argv,
+                                    grace=_TERM_GRACE_S, heartbeat=heartbeat)
+        nodes.append(_Node(role, index, cluster.ssh.argv(host), node_env, host=host,
+                           remote_command=remote))
+    return nodes
+
+
+def _prepare_cluster(cluster: ssh.Cluster, port: Optional[int]) -> Tuple[str, int]:
+    """Copy the working directory if asked, check every host; returns the
+    scheduler's address and port.  Raises ssh.HostError."""
+    cluster.python = cluster.python or sys.executable
+    if cluster.copy_to:
+        ssh.copy_workdir(cluster.hosts, cluster.ssh, os.getcwd(), cluster.copy_to)
+    ports = ssh.preflight(cluster.hosts, cluster.ssh, cluster.copy_to or os.getcwd(),
+                          cluster.python)
+    if cluster.scheduler_on_first_host:
+        return cluster.hosts[0].name, port or ports[cluster.hosts[0]]
+    return (cluster.scheduler_address or ssh.scheduler_address(cluster.hosts[0]),
+            port or free_port())
+
+
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
               env: Mapping[str, str]) -> None:
@@ -498,7 +597,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             env: Optional[Mapping[str, str]] = None, timeout: float = 60,
             job_timeout: Optional[float] = None, emulate_network: Optional[str] = None,
             log_dir: Optional[str] = None, stream: Optional[IO[str]] = sys.stdout,
-            port: Optional[int] = None, handle_signals: bool = True) -> JobResult:
+            port: Optional[int] = None, handle_signals: bool = True,
+            cluster: Optional[ssh.Cluster] = None) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -517,6 +617,10 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         port: the scheduler's port (default: a free one).
         handle_signals: when called from the main thread, turn SIGINT, SIGTERM
             and SIGHUP into a teardown (returncode 128+N) while the job runs.
+        cluster: run on the hosts of this :class:`ssh.Cluster` over ssh
+            (``-H HOSTFILE``) instead of on this machine.  Every host is
+            checked first; one that cannot be used ends the job (returncode
+            1, ``failure`` naming it) before any node starts.
 
     Returns:
         The :class:`JobResult`.
@@ -529,12 +633,22 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
+    if spec is not None and cluster is not None:
+        raise LaunchError("network emulation and a host file exclude each other")
     if spec is not None:
         netem.check_available()
     if log_dir is not None:
         os.makedirs(log_dir, exist_ok=True)
-    port = port or free_port()
     out = _Output(stream, log_dir)
+    if cluster is not None:
+        try:
+            root_uri, port = _prepare_cluster(cluster, port)
+        except ssh.HostError as err:
+            out.message(str(err))
+            out.close()
+            return JobResult(1, "\n".join(out.lines), str(err), {})
+    port = port or free_port()
+    heartbeat: Optional[ssh.Heartbeat] = None
     job: Optional[_Job] = None
     network: Optional[netem.EmulatedNetwork] = None
     old_handlers: Dict[int, object] = {}
@@ -547,16 +661,36 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         if spec is not None:
             network = netem.EmulatedNetwork.from_spec(1 + num_servers + num_workers, spec)
             network.setup()
-        job.nodes = _build_nodes(argv, num_workers, num_servers, env, port, network)
-        where = "emulated network %s (%s)" % (network.name, emulate_network) \
-            if network else "127.0.0.1"
+        if cluster is not None:
+            job_id = uuid.uuid4().hex[:16]
+            job.nodes = _build_host_nodes(argv, num_workers, num_servers, env, port, cluster,
+                                          root_uri, job_id, heartbeat=timeout)
+            where = "hosts %s (scheduler on %s)" % (
+                ", ".join(str(h) for h in cluster.hosts), root_uri)
+        else:
+            job.nodes = _build_nodes(argv, num_workers, num_servers, env, port, network)
+            where = "emulated network %s (%s)" % (network.name, emulate_network) \
+                if network else "127.0.0.1"
         if job.signal_received is None:  # not interrupted while setting up
             job.start(lambda: out.message("job started on %s, scheduler port %d: %s" % (
                 where, port, ", ".join("%s pid %d" % (n.name, n.proc.pid) for n in job.nodes))))
+            remote = [n.proc for n in job.nodes if isinstance(n.proc, ssh.RemoteProcess)]
+            if remote:  # the watchdogs stop their node without it for `timeout` s
+                heartbeat = ssh.Heartbeat(remote, min(5.0, timeout / 6)).start()
         returncode, failure = job.monitor()
         if failure is not None:
             out.message(failure)
-        left = job.teardown(reserve=min(0.5, timeout * 0.1) if network else 0.0)
+        if cluster is not None:
+            # keep time for the sweep over ssh (connect + one command per host)
+            reserve = min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
+        else:
+            reserve = min(0.5, timeout * 0.1) if network else 0.0
+        left = job.teardown(reserve=reserve)
+        if cluster is not None:
+            unreached = _sweep(cluster, job_id, job.end_noticed + timeout, out)
+            if unreached:
+                failure = failure or unreached
+                returncode = returncode or 1
         if left:
             note = "could not stop %s within %g s" % (
                 ", ".join("%s (pid %d)" % (n.name, n.proc.pid) for n in left), timeout)
@@ -572,6 +706,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             job.kill_now()
         raise
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         try:
             if network is not None:
                 network.close()
@@ -579,6 +715,23 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             for signum, handler in old_handlers.items():
                 signal.signal(signum, handler)
             out.close()
+
+
+def _sweep(cluster: ssh.Cluster, job_id: str, deadline: float, out: _Output) -> Optional[str]:
+    """Kill whatever of the job is left on any host (ssh.sweep); reports what
+    it found.  Returns a failure line when a host could not be checked."""
+    found = ssh.sweep(cluster.hosts, cluster.ssh, job_id,
+                      timeout=max(1.0, deadline - time.monotonic()))
+    unreached = [str(h) for h, count in found.items() if count is None]
+    for host, count in found.items():
+        if count:
+            out.message("killed %d process%s of the job left on %s" % (
+                count, "" if count == 1 else "es", host))
+    if unreached:
+        note = "could not check %s for processes left of the job" % ", ".join(unreached)
+        out.message(note)
+        return note
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -590,7 +743,8 @@ def _parser() -> argparse.ArgumentParser:
                     "print every node's output prefixed with its name, and stop "
                     "everything when any node fails.")
     parser.add_argument("-n", "--num-workers", type=int, required=True, help="workers (>= 1)")
-    parser.add_argument("-s", "--num-servers", type=int, required=True, help="servers (>= 1)")
+    parser.add_argument("-s", "--num-servers", type=int, default=None,
+                        help="servers (>= 1; with -H default one per host)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds from the end or failure of the job until every "
                              "process must be gone (default 60)")
@@ -605,6 +759,31 @@ def _parser() -> argparse.ArgumentParser:
                              "shaped to RATE (e.g. 100mbit) and optional one-way DELAY "
                              "(e.g. 0.2ms; needs netem in the kernel); root only")
     parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
+    hosts = parser.add_argument_group(
+        "several machines (over ssh)",
+        "The working directory (or --copy-workdir's) and the interpreter must be the same "
+        "path on every host.  See docs/launcher.md.")
+    hosts.add_argument("-H", "--hostfile", default=None,
+                       help="run the nodes on these hosts: one host[:port] per line; "
+                            "servers, then workers, round-robin")
+    hosts.add_argument("--ssh-user", default=None, help="ssh login name (ssh -l)")
+    hosts.add_argument("--ssh-identity", default=None, help="ssh private key (ssh -i)")
+    hosts.add_argument("--ssh-config", default=None, help="ssh configuration file (ssh -F)")
+    hosts.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="ssh -o option (repeatable; overrides the launcher's defaults)")
+    hosts.add_argument("--ssh-connect-timeout", type=float, default=10.0,
+                       help="seconds for ssh to connect (default 10)")
+    hosts.add_argument("--scheduler-on-first-host", action="store_true",
+                       help="run the scheduler on the first host instead of here")
+    hosts.add_argument("--scheduler-address", default=None,
+                       help="this machine's address that every host reaches (default: "
+                            "its address on the route to the first host)")
+    hosts.add_argument("--python", default=None,
+                       help="interpreter for servers, scheduler and the remote watchdog, "
+                            "the same path on every host (default: this one)")
+    hosts.add_argument("--copy-workdir", default=None, metavar="DIR",
+                       help="copy the current directory to DIR on every host first "
+                            "(tar over ssh) and run there")
     return parser
 
 
@@ -627,11 +806,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(options)
     try:
         env = parse_env([item for group in args.env for item in group])
+        cluster = None
+        if args.hostfile is not None:
+            cluster = ssh.Cluster(
+                ssh.parse_hostfile(args.hostfile),
+                ssh.SshSettings(user=args.ssh_user, identity=args.ssh_identity,
+                                config=args.ssh_config, options=args.ssh_option,
+                                connect_timeout=args.ssh_connect_timeout),
+                scheduler_on_first_host=args.scheduler_on_first_host,
+                scheduler_address=args.scheduler_address, python=args.python or "",
+                copy_to=args.copy_workdir)
+            if args.num_servers is None:
+                args.num_servers = len(cluster.hosts)
+        elif args.num_servers is None:
+            raise LaunchError("-s/--num-servers is required (without -H)")
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
                          emulate_network=args.emulate_network, log_dir=args.log_dir,
-                         stream=sys.stdout, port=args.port)
-    except (LaunchError, netem.NetemError) as err:
+                         stream=sys.stdout, port=args.port, cluster=cluster)
+    except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode
 

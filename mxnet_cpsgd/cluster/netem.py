@@ -215,7 +215,7 @@ class EmulatedNetwork:
     Args:
         num_nodes: how many nodes (namespaces), 1..1000.
         rate: link rate in tc syntax for each direction of every node's link,
-            e.g. ``'100mbit'``.
+            e.g. ``'100mbit'``, or None for unshaped links.
         delay: optional one-way delay between two nodes in tc syntax, e.g.
             ``'0.2ms'`` (added as netem on each node's sending side).
 
@@ -223,11 +223,12 @@ class EmulatedNetwork:
         NetemError: bad arguments, or emulation unavailable (checked on enter).
     """
 
-    def __init__(self, num_nodes: int, rate: str, delay: Optional[str] = None) -> None:
+    def __init__(self, num_nodes: int, rate: Optional[str],
+                 delay: Optional[str] = None) -> None:
         if not 1 <= num_nodes <= MAX_NODES:
             raise NetemError("num_nodes must be in 1..%d, got %r" % (MAX_NODES, num_nodes))
-        self.rate = rate.strip().lower()
-        self.rate_bps = parse_rate(self.rate)
+        self.rate = rate.strip().lower() if rate else None
+        self.rate_bps = parse_rate(self.rate) if self.rate else 0.0
         self.delay = delay.strip().lower() if delay else None
         self.delay_s = parse_delay(self.delay) if self.delay else 0.0
         self.num_nodes = num_nodes
@@ -310,6 +311,11 @@ class EmulatedNetwork:
         _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
         _run(["ip", "link", "set", host_link, "master", self.bridge])
         _run(["ip", "link", "set", host_link, "up"])
+        if not self.rate:  # unshaped; a delay alone is a plain netem qdisc
+            if self.delay:
+                _run(["tc", "-n", netns, "qdisc", "add", "dev", "eth0", "root", "netem",
+                      "delay", self.delay])
+            return EmulatedNode(index, netns, address, host_link)
         tbf = _tbf_args(self.rate_bps, self.rate)
         # What the node receives: shaped where the bridge sends into its link.
         _run(["tc", "qdisc", "add", "dev", host_link, "root"] + tbf)
