@@ -12,6 +12,19 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -d /usr/share/data
     (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
         || echo "note: dataset-fashion-mnist not installed; its tests will be skipped"
 fi
+# sshd for the multi-host launcher tests: tests/test_cluster.py starts one per emulated
+# host and stops it again; the package's own service is kept from starting (policy-rc.d)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -x /usr/sbin/sshd ]; then
+    policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+        policy=/usr/sbin/policy-rc.d
+    fi
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        openssh-server openssh-client) >/dev/null 2>&1 \
+        || echo "note: openssh-server not installed; the multi-host tests will be skipped"
+    [ -z "$policy" ] || rm -f "$policy"
+fi
 if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet' 2>/dev/null; then
     # Horovod's build imports mxnet, so it cannot use an isolated build environment
     .venv/bin/pip install -q cmake
