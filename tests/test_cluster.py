@@ -11,6 +11,7 @@ emulated hosts cannot be built (scripts/run_tests.sh installs openssh-server).
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -343,3 +344,49 @@ def test_sigkilled_launcher_remote_nodes_die_with_their_sessions(make_hosts, lau
     while marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert_nothing_left(hosts, mark)
+
+
+def test_mxnet_tools_launch_over_ssh(make_hosts, mark, worker_job, tmp_path):
+    """MXNet's own tools/launch.py, ssh launcher, through the project's shim
+    (python -m mxnet_cpsgd.cluster.mxlaunch): the same cpsgd job across two
+    emulated hosts gives the same weights as on one machine."""
+    hosts = make_hosts(2)
+    bindir = tmp_path / "bin"  # tools/launch.py runs plain `ssh HOST ...`: add our config
+    bindir.mkdir()
+    (bindir / "ssh").write_text('#!/bin/sh\nexec %s -F %s "$@"\n' % (shutil.which("ssh"),
+                                                                   hosts.ssh_config))
+    (bindir / "ssh").chmod(0o755)
+    out = tmp_path / "rec"
+    out.mkdir()
+    spec = json.dumps(dict(CPSGD_SPEC, out=str(out)), separators=(",", ":"))
+    # tools/launch.py passes only DMLC_* and a few variables over ssh: the rest
+    # goes at the front of the command, which every node (scheduler too) runs
+    command = "%s=%s PYTHONPATH=%s OMP_NUM_THREADS=1 MXNET_CPU_WORKER_NTHREADS=1 %s %s \"%s\"" % (
+        MARK_VAR, mark, REPO, sys.executable, os.path.join(HERE, "workers", "record_weights.py"),
+        spec.replace('"', '\\"'))
+    env = dict(os.environ, PYTHONPATH=REPO, PATH="%s:%s" % (bindir, os.environ["PATH"]),
+               **{MARK_VAR: mark})
+    log = tmp_path / "launch.log"  # a file: processes it leaves could hold a pipe open
+    with open(log, "w") as f:
+        launcher = subprocess.Popen(
+            hosts.launcher.wrap([sys.executable, "-m", "mxnet_cpsgd.cluster.mxlaunch",
+                                 "--host-ip", hosts.launcher.address, "-n", "2", "-s", "2",
+                                 "-H", hosts.hostfile, "--launcher", "ssh", command]),
+            cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        # tools/launch.py never stops on its own when a node fails: bound it here
+        launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        text = log.read_text()
+    assert launcher.returncode == 0, text[-6000:]
+    assert_nothing_left(hosts, mark)
+    remote = load_recording(str(out), 2, text)
+    local = jobutil.run_recording(worker_job, CPSGD_SPEC, num_workers=2, num_servers=2)
+    for rank in range(2):
+        for name in remote.params:
+            assert np.array_equal(remote.final(rank)[name], local.final(rank)[name]), name
+            assert np.array_equal(remote.weights(rank, CPSGD_SPEC["iterations"])[name],
+                                  local.weights(rank, CPSGD_SPEC["iterations"])[name]), name
