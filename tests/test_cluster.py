@@ -74,12 +74,12 @@ CPSGD_SPEC = jobutil.spec("cpsgd", {"warmup_steps": 2, "correction_period": 3, "
 class Launcher:
     """cpsgd-launch -H running on the emulated launching machine."""
 
-    def __init__(self, hosts, mark, args, command):
+    def __init__(self, hosts, mark, args, command, cwd=REPO):
         env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
         argv = [sys.executable, "-m", "mxnet_cpsgd.launch", "-H", hosts.hostfile,
                 "--ssh-config", hosts.ssh_config, "--env", MARK_VAR + "=" + mark] \
             + ["--env=" + e for e in NODE_ENV] + list(args) + ["--"] + list(command)
-        self.proc = subprocess.Popen(hosts.launcher.wrap(argv), cwd=REPO, env=env,
+        self.proc = subprocess.Popen(hosts.launcher.wrap(argv), cwd=cwd, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines = []
@@ -213,16 +213,21 @@ def load_recording(out, num_workers, output):
 
 @pytest.mark.parametrize("num_hosts,num_workers,extra", [
     (2, 2, []),                                         # default: one server per host
-    (3, 3, ["-s", "1", "--scheduler-on-first-host"]),
+    (3, 3, ["-s", "1", "--scheduler-on-first-host", "--copy-workdir"]),
 ])
 def test_job_across_hosts_equals_one_machine(make_hosts, launchers, mark, worker_job,
                                              tmp_path, num_hosts, num_workers, extra):
     hosts = make_hosts(num_hosts)
     num_servers = int(extra[1]) if "-s" in extra else num_hosts
     spec = dict(CPSGD_SPEC, out=str(tmp_path))
+    script, cwd = os.path.join(HERE, "workers", "record_weights.py"), REPO
+    if "--copy-workdir" in extra:  # a directory with the script, copied to every host
+        cwd, copy = tmp_path / "src", tmp_path / "copy"
+        cwd.mkdir()
+        shutil.copy(script, cwd)
+        extra, script = extra + [str(copy)], "record_weights.py"
     launcher = launchers(hosts, mark, ["-n", str(num_workers)] + extra,
-                         [sys.executable, os.path.join(HERE, "workers", "record_weights.py"),
-                          json.dumps(spec)])
+                         [sys.executable, script, json.dumps(spec)], cwd=cwd)
     code = launcher.finish(300)
     text = launcher.text
     assert code == 0, text[-6000:]
@@ -239,6 +244,9 @@ def test_job_across_hosts_equals_one_machine(make_hosts, launchers, mark, worker
     assert "(scheduler on %s)" % scheduler in started
     assert re.search(r"^\[worker 0 on 198\.18\.0\.1\d\] ", text, re.M), text[-3000:]
     assert_nothing_left(hosts, mark)
+    if "--copy-workdir" in extra:
+        assert (copy / "record_weights.py").read_bytes() == \
+            (cwd / "record_weights.py").read_bytes()
 
     remote = load_recording(str(tmp_path), num_workers, text)
     local = jobutil.run_recording(worker_job, CPSGD_SPEC, num_workers=num_workers,
