@@ -80,12 +80,13 @@ def stop(why):
                 break
             time.sleep(0.05)
         group(signal.SIGKILL)
+        say("stopped", why)
         os._exit(128 + signal.SIGTERM)
 def control():
     while True:
         line = sys.stdin.buffer.readline()
         if not line:
-            stop("ssh session ended")
+            stop("ssh_session_ended")
         last[0] = time.monotonic()
         word = line.strip()
         if word == b"TERM":
@@ -96,9 +97,9 @@ def watch():
     while True:
         time.sleep(min(1.0, heartbeat / 4))
         if time.monotonic() - last[0] > heartbeat:
-            stop("no heartbeat")
+            stop("no_heartbeat")
 for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(signum, lambda s, f: threading.Thread(target=stop, args=("signal",)).start())
+    signal.signal(signum, lambda s, f: threading.Thread(target=stop, args=("signal_%d" % s,)).start())
 threading.Thread(target=control, daemon=True).start()
 if heartbeat > 0:
     threading.Thread(target=watch, daemon=True).start()
@@ -364,6 +365,7 @@ class RemoteProcess:
         self.stdout = self._ssh.stdout
         self.remote_pid: Optional[int] = None
         self.remote_exit: Optional[int] = None
+        self.stopped_why: Optional[str] = None  # the watchdog stopped the node itself
         self.ssh_error = ""
         self._on_stderr = on_stderr
         self._stdin_lock = threading.Lock()
@@ -388,6 +390,8 @@ class RemoteProcess:
                         self.remote_pid = int(words[1])
                     elif len(words) == 2 and words[0] == "exit":
                         self.remote_exit = int(words[1])
+                    elif len(words) == 2 and words[0] == "stopped":
+                        self.stopped_why = words[1].replace("_", " ")
                     continue
                 self.ssh_error = text or self.ssh_error
                 self._on_stderr(text)
@@ -436,6 +440,8 @@ class RemoteProcess:
         """How the session ended when there was no exit report, else None."""
         if not self.lost:
             return None
+        if self.stopped_why is not None:
+            return "was stopped by its remote watchdog (%s)" % self.stopped_why
         return "lost its ssh session (ssh exited with code %d%s)" % (
             self._ssh.returncode, ": " + self.ssh_error if self.ssh_error else "")
 
