@@ -325,7 +325,8 @@ def test_ctrl_c_tears_down_every_host(make_hosts, launchers, mark, tmp_path):
     (each watchdog reports its node's end), the final sweep finds nothing."""
     hosts = make_hosts(2)
     (tmp_path / "loop.py").write_text(KV_LOOP)
-    launcher = launchers(hosts, mark, ["-n", "2"], [sys.executable, str(tmp_path / "loop.py")])
+    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1"],
+                         [sys.executable, str(tmp_path / "loop.py")])
     assert launcher.wait_for(["[worker 0 on", "[worker 1 on"]), launcher.text[-4000:]
     sent = time.monotonic()
     launcher.proc.send_signal(signal.SIGINT)
@@ -344,7 +345,8 @@ def test_sigkilled_launcher_remote_nodes_die_with_their_sessions(make_hosts, lau
     stops its node."""
     hosts = make_hosts(2)
     (tmp_path / "loop.py").write_text(KV_LOOP)
-    launcher = launchers(hosts, mark, ["-n", "2"], [sys.executable, str(tmp_path / "loop.py")])
+    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1"],
+                         [sys.executable, str(tmp_path / "loop.py")])
     assert launcher.wait_for(["[worker 0 on", "[worker 1 on"]), launcher.text[-4000:]
     launcher.proc.kill()
     launcher.proc.wait()
