@@ -13,11 +13,19 @@ MXNet SGD (:class:`SGD`)::
     momentum 0:       w <- w - lr*(rescale*g + wd*w)
 
 Servers: ``W_{t+1} = Opt_g(W_t, sum_i push_t^i)``, the Trainer's SGD (rescale r,
-its own momentum state), once per round.
+its own momentum state), once per round; round t uses the global learning rate
+``lr(t)`` (constant, or the Trainer's schedule evaluated at update count t + 1).
 
-Local optimizer ``Opt_l``: SGD with the Trainer's lr/momentum/wd (``local_lr`` /
-``local_momentum`` override), rescale ``r*M``, its own momentum state per worker
-(zero at the first local step, kept across iterations).
+Local optimizer ``Opt_l`` (odsgd, cpsgd, ssdsgd; the authors' rule): a separate
+optimizer of type ``local_optimizer`` (``'sgd'``, or ``'dcasgd'``: MXNet's DCASGD
+with momentum 0, see :class:`DCASGD`) with rescale ``r`` (the Trainer's),
+momentum ``local_momentum`` (default 0), weight decay ``local_wd`` (default: 0 for
+cpsgd, the Trainer's wd for odsgd and ssdsgd) and learning rate
+``ratio * lr(t)`` at iteration t, ``ratio = local_lr / lr`` if ``local_lr`` is set,
+else M.  localsgd: SGD with the Trainer's momentum and wd (``local_momentum``
+overrides), rescale ``r*M``, learning rate ``ratio * lr(t)`` with ratio
+``local_lr / lr`` or 1.  Each worker has its own optimizer state (zero at the first
+local step, kept across iterations).
 
 2-bit quantizer ``Q`` (threshold tau, residual per worker and parameter, starts at
 0 and persists): ``res += x``; out = +tau where res >= tau (res -= tau), -tau where
@@ -28,12 +36,15 @@ Algorithms (what ``simulate`` does per iteration t):
   bitsgd:   push Q(g); L_{t+1} = W_{t+1}.
   odsgd:    t < warmup: as ssgd.  Else push g dense and L_{t+1} = Opt_l(W_t, g_t^i).
   cpsgd:    as odsgd, but after warm-up the push is Q(g) unless
-            t % correction_period == 0 (then dense g, residual untouched); warm-up
-            pushes are dense and do not touch the residual.
-  ssdsgd:   warm-up as ssgd (W_sync = W_{t+1}); after: push g dense every round;
-            t % sync_period == 0: L_{t+1} = W_sync = W_{t+1};
-            else L_{t+1} = Opt_l(L_t, g) + glu_weight * (W_sync - L_t).
-            The initial weights count as the first W_sync.
+            (t + 1) % correction_period == 0 (then dense g, residual untouched);
+            warm-up pushes are dense and do not touch the residual.
+  ssdsgd:   warm-up as ssgd.  After: push g dense every round; with n = t - warmup
+            and k = sync_period, the base is W_t (the newest pulled global weights)
+            if n % k == 0, else L_t; L_{t+1} = GLU(base, g) with
+            GLU(w, g) = Opt_l(w, g) - lr_l * glu_weight * (w_s - w); w_s (per worker
+            and parameter) starts as the base of the first local step and is set to
+            the result after local steps number 0, k, 2k, ...  A pull of W_{t+1}
+            happens when (n + 1) % k == 0; it is the base at n + 1.
   localsgd: L <- Opt_l(L, g) every iteration; if (t+1) % sync_period == 0 each worker
             pushes W_sync - L, servers run SGD(lr 1, no momentum, wd 0, rescale 1/M):
             W <- W - (1/M) * sum_i (W_sync - L_i); everybody pulls: L = W_sync = W.
@@ -50,11 +61,14 @@ ALGORITHMS = ("ssgd", "bitsgd", "odsgd", "cpsgd", "ssdsgd", "localsgd")
 DEFAULTS = {
     "ssgd": {},
     "bitsgd": {"threshold": 0.5},
-    "odsgd": {"warmup_steps": 1000, "local_lr": None, "local_momentum": None},
+    "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
+              "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
-              "local_lr": None, "local_momentum": None},
-    "ssdsgd": {"warmup_steps": 500, "sync_period": 5, "glu_weight": 0.5,
-               "local_lr": None, "local_momentum": None},
+              "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
+              "local_wd": 0.0},
+    "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,
+               "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
+               "local_wd": None},
     "localsgd": {"sync_period": 5, "local_lr": None, "local_momentum": None},
 }
 
@@ -88,6 +102,57 @@ class SGD:
 
     def step_all(self, weights, grads):
         return {n: self.step(n, weights[n], grads[n]) for n in weights}
+
+
+class DCASGD(SGD):
+    """MXNet's DCASGD with momentum 0 (delay-compensated SGD)::
+
+        w_new = w - lr*(rescale*g + wd*w + lamda*(rescale*g)**2 * (w - w_prev))
+
+    ``w_prev`` is the weights the previous update of that parameter started from
+    (at the first update: ``w`` itself)."""
+
+    def __init__(self, lr, wd=0.0, rescale=1.0, lamda=0.04):
+        super().__init__(lr, 0.0, wd, rescale)
+        self.lamda = float(lamda)
+        self.previous = {}
+
+    def step(self, name, w, g):
+        w = np.asarray(w, np.float64)
+        g = self.rescale * np.asarray(g, np.float64)
+        prev = self.previous.get(name, w)
+        new = w - self.lr * (g + self.wd * w + self.lamda * g * g * (w - prev))
+        self.previous[name] = w.copy()
+        return new
+
+
+class GLU:
+    """SSD-SGD's local rule on top of a local optimizer ``opt``::
+
+        GLU(w, g) = opt(w, g) - opt.lr * weight * (w_s - w)
+
+    ``w_s`` per parameter: the ``w`` of the first step; after steps number
+    0, period, 2*period, ... it is set to the step's result."""
+
+    def __init__(self, opt, weight, period):
+        self.opt = opt
+        self.weight = float(weight)
+        self.period = int(period)
+        self.snapshot = {}
+        self.count = {}
+
+    def step_all(self, weights, grads):
+        out = {}
+        for n in weights:
+            w = np.asarray(weights[n], np.float64)
+            snap = self.snapshot.setdefault(n, w.copy())
+            c = self.count.setdefault(n, 0)
+            new = self.opt.step(n, w, grads[n]) - self.opt.lr * self.weight * (snap - w)
+            if c % self.period == 0:
+                self.snapshot[n] = new.copy()
+            self.count[n] = c + 1
+            out[n] = new
+        return out
 
 
 # --------------------------------------------------------------------- quantizer
@@ -172,8 +237,9 @@ def _lin(a, b, ca=1.0, cb=1.0):
 
 def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights], Weights],
              num_workers: int, iterations: int, batch: int, lr: float,
-             momentum: float = 0.0, wd: float = 0.0, knobs: Optional[dict] = None
-             ) -> Trajectory:
+             momentum: float = 0.0, wd: float = 0.0, knobs: Optional[dict] = None,
+             lr_schedule: Optional[Callable[[int], float]] = None,
+             local_lr_schedule: Optional[Callable[[int], float]] = None) -> Trajectory:
     """Run ``algorithm`` on M simulated workers and servers.
 
     Args:
@@ -188,6 +254,10 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
         batch: B passed to trainer.step (rescale r = 1/B).
         lr, momentum, wd: the Trainer's SGD hyperparameters.
         knobs: the store's knobs (compression_params).
+        lr_schedule: ``lr_schedule(t)`` -> the global learning rate of iteration t
+            (default: ``lr`` throughout).
+        local_lr_schedule: the global learning rate that the local optimizer's
+            ``ratio`` multiplies at iteration t (default: ``lr_schedule``).
 
     Returns:
         Trajectory
@@ -207,10 +277,26 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
     server_opt = SGD(lr, momentum, wd, rescale=r)
     if algorithm == "localsgd":
         server_opt = SGD(1.0, 0.0, 0.0, rescale=1.0 / M)
-    local_lr = cfg.get("local_lr") if cfg.get("local_lr") is not None else lr
-    local_mom = cfg.get("local_momentum") if cfg.get("local_momentum") is not None \
-        else momentum
-    local_opts = [SGD(local_lr, local_mom, wd, rescale=r * M) for _ in range(M)]
+    lr_at = lr_schedule if lr_schedule is not None else (lambda t: lr)
+    local_lr_at = local_lr_schedule if local_lr_schedule is not None else lr_at
+    if algorithm == "localsgd":
+        ratio = cfg["local_lr"] / lr if cfg.get("local_lr") is not None else 1.0
+        local_mom = cfg["local_momentum"] if cfg.get("local_momentum") is not None \
+            else momentum
+        local_opts = [SGD(ratio * lr, local_mom, wd, rescale=r * M) for _ in range(M)]
+    elif "local_lr" in cfg:
+        ratio = cfg["local_lr"] / lr if cfg.get("local_lr") is not None else float(M)
+        local_wd = cfg["local_wd"] if cfg["local_wd"] is not None else wd
+        if cfg["local_optimizer"] == "sgd":
+            local_opts = [SGD(ratio * lr, cfg["local_momentum"], local_wd, rescale=r)
+                          for _ in range(M)]
+        else:
+            assert cfg["local_optimizer"] == "dcasgd" and not cfg["local_momentum"]
+            local_opts = [DCASGD(ratio * lr, local_wd, rescale=r) for _ in range(M)]
+    else:
+        ratio, local_opts = 1.0, []
+    glus = [GLU(o, cfg["glu_weight"], cfg["sync_period"]) for o in local_opts] \
+        if algorithm == "ssdsgd" else []
     quantizers = [TwoBitQuantizer(cfg["threshold"]) for _ in range(M)] \
         if "threshold" in cfg else []
     warmup = cfg.get("warmup_steps") or 0
@@ -227,6 +313,10 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
         return server_opt.step_all(W, total)
 
     for t in range(iterations):
+        if algorithm != "localsgd":
+            server_opt.lr = lr_at(t)
+        for o in local_opts:
+            o.lr = ratio * local_lr_at(t)
         g = [{n: np.asarray(a, np.float64) for n, a in grad_fn(i, t, _copy(L[i])).items()}
              for i in range(M)]
         kind = "dense"
@@ -240,7 +330,7 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             W = server_round(pushes)
             L = [_copy(W) for _ in range(M)]
         elif algorithm in ("odsgd", "cpsgd"):
-            if algorithm == "cpsgd" and t % cfg["correction_period"] != 0:
+            if algorithm == "cpsgd" and (t + 1) % cfg["correction_period"] != 0:
                 pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
                 kind = "compressed"
             else:
@@ -249,14 +339,11 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             L = [local_opts[i].step_all(W, g[i]) for i in range(M)]
             W = server_round(pushes)
         elif algorithm == "ssdsgd":
+            n, k = t - warmup, cfg["sync_period"]
+            # the base of this local step: the pulled global weights, or the own ones
+            base = [_copy(W) for _ in range(M)] if n % k == 0 else L
+            L = [glus[i].step_all(base[i], g[i]) for i in range(M)]
             W = server_round(g)
-            if t % cfg["sync_period"] == 0:
-                L = [_copy(W) for _ in range(M)]
-                W_sync = [_copy(W) for _ in range(M)]
-            else:
-                glu = cfg["glu_weight"]
-                L = [_lin(local_opts[i].step_all(L[i], g[i]),
-                          _lin(W_sync[i], L[i], 1.0, -1.0), 1.0, glu) for i in range(M)]
         elif algorithm == "localsgd":
             L = [local_opts[i].step_all(L[i], g[i]) for i in range(M)]
             if (t + 1) % cfg["sync_period"] == 0:

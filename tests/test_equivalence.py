@@ -79,7 +79,8 @@ def test_cpsgd_in_warmup_bitwise_equals_dist_sync(worker_job, servers):
 
 # (b) ----------------------------------------------------------------------
 def test_cpsgd_correction_every_step_equals_odsgd(worker_job):
-    od = jobutil.run_recording(worker_job, spec("odsgd", {"warmup_steps": 3}))
+    # cpsgd's local weight decay defaults to 0 (CD-SGD), odsgd's to the Trainer's
+    od = jobutil.run_recording(worker_job, spec("odsgd", {"warmup_steps": 3, "local_wd": 0.0}))
     cp = jobutil.run_recording(worker_job, spec("cpsgd", {"warmup_steps": 3,
                                                            "correction_period": 1,
                                                            "threshold": 1.0}))

@@ -136,6 +136,25 @@ def test_reference_sgd_matches_mxnet_sgd(momentum, wd):
     np.testing.assert_allclose(w.asnumpy(), expected, rtol=1e-6, atol=1e-7)
 
 
+def test_reference_dcasgd_matches_mxnet_dcasgd():
+    import mxnet as mx
+    rng = np.random.RandomState(2)
+    w0 = rng.randn(7).astype(np.float32)
+    opt = mx.optimizer.DCASGD(learning_rate=0.1, momentum=0.0, wd=1e-3, rescale_grad=0.5,
+                              lamda=0.3)
+    updater = mx.optimizer.get_updater(opt)
+    w = mx.nd.array(w0)
+    mine = ref.DCASGD(0.1, 1e-3, rescale=0.5, lamda=0.3)
+    expected = w0.astype(np.float64)
+    for _ in range(5):
+        g = rng.randn(7).astype(np.float32)
+        w[:] = w + mx.nd.array(rng.randn(7) * 0.1)  # a new base, as OD-SGD's pull gives
+        expected = w.asnumpy().astype(np.float64)
+        updater(0, mx.nd.array(g), w)
+        expected = mine.step("p", expected, g)
+        np.testing.assert_allclose(w.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_reference_quantizer_matches_mxnet_2bit():
     """Two 'devices' of MXNet's local 2-bit store = two workers' quantizers, summed."""
     import mxnet as mx
@@ -158,8 +177,9 @@ def test_reference_quantizer_matches_mxnet_2bit():
 
 
 def test_reference_cpsgd_schedule():
-    """The reference itself: warm-up dense, then compressed except every k-th step,
-    and the residual is neither reset nor fed by a dense push."""
+    """The reference itself: warm-up dense, then compressed except when
+    (t + 1) % k == 0 (the authors' 1-based count: the first step after warm-up is
+    compressed), and the residual is neither reset nor fed by a dense push."""
     w0 = {"p": np.zeros(3)}
     grads = {0: np.array([0.3, -0.7, 2.5])}
 
@@ -167,14 +187,40 @@ def test_reference_cpsgd_schedule():
         return {"p": grads[0] * (1 + i)}
 
     traj = ref.simulate("cpsgd", w0, grad_fn, 2, 9, 1, 0.1,
-                        knobs={"warmup_steps": 2, "correction_period": 3, "threshold": 1.0})
-    assert traj.push_kind == ["dense", "dense", "compressed", "dense", "compressed",
-                              "compressed", "dense", "compressed", "compressed"]
-    # residual after t=2 (first compressed) is kept unchanged through the dense t=3
-    assert traj.residual_abs[2] > 0 and traj.residual_abs[3] == traj.residual_abs[2]
+                        knobs={"warmup_steps": 3, "correction_period": 3, "threshold": 1.0})
+    assert traj.push_kind == ["dense", "dense", "dense", "compressed", "compressed",
+                              "dense", "compressed", "compressed", "dense"]
+    # residual after t=4 (second compressed) is kept unchanged through the dense t=5
+    assert traj.residual_abs[4] > 0 and traj.residual_abs[5] == traj.residual_abs[4]
     # warm-up is plain S-SGD, later local weights are W_t + own local step
     assert np.allclose(traj.local[1][0]["p"], traj.server[1]["p"])
     assert not np.allclose(traj.local[5][0]["p"], traj.local[5][1]["p"])
+
+
+def test_reference_ssdsgd_glu_rule():
+    """The reference's SSD-SGD, one worker, by hand: base W every k-th local step,
+    GLU(w, g) = w - lr_l*(r*g + wd*w) - lr_l*lam*(w_s - w), snapshot after local
+    steps 0, k, 2k."""
+    w0 = {"p": np.array([1.0, -2.0])}
+    g = np.array([0.5, 0.25])
+    lr, wd, lam, k, warmup = 0.1, 0.01, 0.5, 2, 1
+    traj = ref.simulate("ssdsgd", w0, lambda i, t, w: {"p": g}, 1, 6, 1, lr, 0.0, wd,
+                        knobs={"warmup_steps": warmup, "sync_period": k, "glu_weight": lam})
+    lr_l = 1 * lr  # M = 1: local lr = M x global lr
+    W, L, snap, n_local = w0["p"].copy(), None, None, 0
+    W = W - lr * (g + wd * W)  # warm-up round
+    for t in range(warmup, 6):
+        n = t - warmup
+        base = W.copy() if n % k == 0 else L
+        if snap is None:
+            snap = base.copy()
+        L = base - lr_l * (g + wd * base) - lr_l * lam * (snap - base)
+        if n_local % k == 0:
+            snap = L.copy()
+        n_local += 1
+        W = W - lr * (g + wd * W)
+        np.testing.assert_allclose(traj.local[t + 1][0]["p"], L, rtol=1e-12)
+        np.testing.assert_allclose(traj.server[t + 1]["p"], W, rtol=1e-12)
 
 
 # ---------------------------------------------------------------- job tests
@@ -190,13 +236,86 @@ def test_bitsgd_matches_reference(worker_job):
     assert_nontrivial_quantization(traj)
 
 
+def assert_reference_differs(rec, algorithm, knobs, why):
+    """The recorded run does NOT match the reference with ``knobs``: the test can
+    tell the default it checks from the alternative."""
+    traj, _ = reference_for(rec, algorithm, knobs)
+    ok, _ = ref.compare_trajectories(rec.weights, lambda i, t: traj.local[t][i],
+                                     rec.num_workers, rec.spec["iterations"], rec.params,
+                                     rtol=RTOL, atol=ATOL)
+    assert not ok, "the recording also matches the reference with %s (%s)" % (knobs, why)
+
+
 def test_odsgd_matches_reference(worker_job):
     knobs = {"warmup_steps": 3}
     rec = jobutil.run_recording(worker_job, spec("odsgd", knobs))
+    assert rec.spec["optimizer"]["momentum"] == 0.9
     check_against_reference(rec, "odsgd", knobs)
     T = rec.spec["iterations"]
     # after warm-up each worker trains on its own local step
     assert not np.array_equal(rec.weights(0, T)[rec.params[0]], rec.weights(1, T)[rec.params[0]])
+    # the local optimizer's momentum is 0 by default, not the Trainer's 0.9
+    assert_reference_differs(rec, "odsgd", dict(knobs, local_momentum=0.9),
+                             "local momentum must default to 0")
+
+
+def test_odsgd_dcasgd_local_optimizer_matches_reference(worker_job):
+    """local_optimizer='dcasgd' (MXNet's DCASGD, the DC-ASGD family the OD-SGD
+    scripts use) with local weight decay 0 and local lr 0.3."""
+    knobs = {"warmup_steps": 3, "local_optimizer": "dcasgd", "local_wd": 0.0,
+             "local_lr": 0.3}
+    rec = jobutil.run_recording(worker_job, spec("odsgd", knobs, optimizer=PLAIN,
+                                                 iterations=12))
+    check_against_reference(rec, "odsgd", knobs)
+    assert_reference_differs(rec, "odsgd", dict(knobs, local_optimizer="sgd"),
+                             "the delay compensation must act")
+
+
+#: a Trainer schedule (MultiFactorScheduler) that decays at global update counts 6, 9
+LR_SCHEDULE = {"step": [6, 9], "factor": 0.5}
+
+
+def schedule_lr(lr, schedule):
+    """The global lr of iteration t: MultiFactorScheduler at update count t + 1."""
+    return lambda t: lr * schedule["factor"] ** sum(t + 1 > s for s in schedule["step"])
+
+
+@pytest.mark.parametrize("algorithm,knobs", [
+    ("odsgd", {"warmup_steps": 3}),
+    ("ssdsgd", {"warmup_steps": 3, "sync_period": 3, "glu_weight": 0.5, "local_lr": 0.3}),
+])
+def test_local_schedule_follows_global_iteration(worker_job, algorithm, knobs):
+    """With a Trainer lr schedule the local lr at iteration t is ratio * lr(t): the
+    local schedule keeps pace with the global one (it does not count local steps)."""
+    rec = jobutil.run_recording(worker_job, spec(algorithm, knobs, iterations=14,
+                                                 lr_schedule=LR_SCHEDULE))
+    lr = rec.spec["optimizer"]["learning_rate"]
+    s = rec.spec
+    check_setup(rec)
+    heads = s["heads"]
+    data = [[rec.data(i, h) for h in range(len(heads))] for i in range(rec.num_workers)]
+
+    def grad_fn(i, t, _):
+        return ref.model_grad(heads, rec.weights(i, t), [(x[t], y[t]) for x, y in data[i]])
+
+    opt = s["optimizer"]
+
+    def run(schedule, local_schedule=None):
+        traj = ref.simulate(algorithm, rec.weights(0, 0), grad_fn, rec.num_workers,
+                            s["iterations"], s["batch"], lr, opt["momentum"], opt["wd"],
+                            knobs, lr_schedule=schedule, local_lr_schedule=local_schedule)
+        return ref.compare_trajectories(rec.weights, lambda i, t: traj.local[t][i],
+                                        rec.num_workers, s["iterations"], rec.params,
+                                        rtol=RTOL, atol=ATOL)
+
+    global_pace = schedule_lr(lr, LR_SCHEDULE)
+    ok, message = run(global_pace)
+    assert ok, "the local lr does not follow the global schedule:\n" + message
+    # the old behaviour, a local schedule counting local steps only, lags by the
+    # warm-up; it does not match
+    warmup = knobs["warmup_steps"]
+    ok, _ = run(global_pace, lambda t: global_pace(max(t - warmup, 0)))
+    assert not ok, "a local schedule lagging by the warm-up matches as well"
 
 
 CPSGD_CASES = {
@@ -205,7 +324,7 @@ CPSGD_CASES = {
     "momentum-1server": (MOMENTUM, SMALL_MLP, 30, CPSGD_KNOBS, 1, None),
     "plain-2servers-chunked": (PLAIN, CHUNKY_MLP, 30, CPSGD_KNOBS, 2,
                                {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}),
-    # t = 0, 1 warm-up; 2 compressed; 3 dense; 4, 5 compressed; 6 dense
+    # t = 0, 1 warm-up; 2 dense ((t + 1) % 3 == 0); 3, 4 compressed; 5 dense; 6 compressed
     "momentum-2servers-1M-param": (MOMENTUM, BIG_LINEAR, 7,
                                    dict(CPSGD_KNOBS, warmup_steps=2), 2, None),
 }
@@ -224,7 +343,9 @@ def test_cpsgd_matches_reference(worker_job, case):
     kinds = traj.push_kind
     assert kinds[:warmup] == ["dense"] * warmup
     assert "compressed" in kinds[warmup:]
-    corrections = [t for t in range(warmup, iterations) if t % k == 0]
+    corrections = [t for t in range(warmup, iterations) if (t + 1) % k == 0]
+    if (warmup + 1) % k != 0:
+        assert kinds[warmup] == "compressed"  # the first step after warm-up
     assert corrections and all(kinds[t] == "dense" for t in corrections)
     assert_nontrivial_quantization(traj)
     # a residual was carried across at least one correction round
@@ -245,9 +366,14 @@ def test_two_devices_per_worker_match_reference(worker_job, algorithm, knobs):
 
 
 def test_ssdsgd_matches_reference(worker_job):
+    """SSD-SGD: a GLU local step every iteration after warm-up, from the pulled
+    global weights every sync_period-th one; background pulls only."""
     knobs = {"warmup_steps": 3, "sync_period": 4, "glu_weight": 0.5}
     rec = jobutil.run_recording(worker_job, spec("ssdsgd", knobs))
     check_against_reference(rec, "ssdsgd", knobs)
+    # the GLU term acts (lr_l * 0.5 * (w_s - w) is not negligible here)
+    assert_reference_differs(rec, "ssdsgd", dict(knobs, glu_weight=0.0),
+                             "the GLU snapshot term must act")
 
 
 def test_localsgd_matches_reference(worker_job):

@@ -42,6 +42,23 @@ def _closed_unit_float(name, value):
     return value
 
 
+def _nonnegative_float(name, value):
+    value = _as_float(name, value)
+    if not value >= 0 or math.isinf(value):
+        raise ConfigError("%s must be a finite number >= 0, got %r" % (name, value))
+    return value
+
+
+def _optimizer_name(name, value):
+    if not isinstance(value, str) or not value:
+        raise ConfigError("%s must be the name of an MXNet optimizer, got %r" % (name, value))
+    from mxnet.optimizer import Optimizer  # only when the knob is set
+    if value.lower() not in Optimizer.opt_registry:
+        raise ConfigError("%s: %r is not an MXNet optimizer; known: %s"
+                          % (name, value, ", ".join(sorted(Optimizer.opt_registry))))
+    return value.lower()
+
+
 def _as_float(name, value):
     if isinstance(value, bool):
         raise ConfigError("%s must be a number, got %r" % (name, value))
@@ -85,10 +102,18 @@ KNOBS = {
                           "every correction_period-th iteration pushes full precision"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
-    "local_lr": (_positive_float, "learning rate of the local optimizer (default: the Trainer's)"),
-    "local_momentum": (_unit_float, "momentum of the local optimizer (default: the Trainer's)"),
+    "local_lr": (_positive_float,
+                 "learning rate of the local optimizer at the start; it follows the Trainer's "
+                 "schedule (default: num_workers x the Trainer's lr; localsgd: the Trainer's)"),
+    "local_momentum": (_unit_float,
+                       "momentum of the local optimizer (default 0; localsgd: the Trainer's)"),
     "glu_weight": (_closed_unit_float,
-                   "SSD-SGD: pull of each local step toward the last synced global weights"),
+                   "SSD-SGD GLU: weight of the snapshot term lr * glu_weight * (w_s - w)"),
+    "local_optimizer": (_optimizer_name,
+                        "MXNet optimizer name of the local optimizer (default 'sgd')"),
+    "local_wd": (_nonnegative_float,
+                 "weight decay of the local optimizer (cpsgd default 0; odsgd/ssdsgd default "
+                 "the Trainer's)"),
 }
 
 
@@ -109,10 +134,17 @@ class AlgorithmConfig:
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
-        local_lr: learning rate of the local optimizer (default: the Trainer's).
-        local_momentum: momentum of the local optimizer (default: the Trainer's).
-        glu_weight: SSD-SGD's pull toward the last synced global weights.
+        local_lr: learning rate of the local optimizer at the start; it keeps its
+            ratio to the Trainer's learning rate along the Trainer's schedule
+            (default: ``num_workers`` x the Trainer's; ``localsgd``: the Trainer's).
+        local_momentum: momentum of the local optimizer (default 0; ``localsgd``:
+            the Trainer's).
+        glu_weight: SSD-SGD's GLU coefficient of the snapshot term.
         type: compression type, only ``'2bit'``.
+        local_optimizer: MXNet optimizer name of the local optimizer (default
+            ``'sgd'``; ``odsgd``, ``cpsgd``, ``ssdsgd``).
+        local_wd: weight decay of the local optimizer (``cpsgd``: 0; ``odsgd``,
+            ``ssdsgd``: the Trainer's).
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -123,6 +155,8 @@ class AlgorithmConfig:
     local_momentum: Optional[float] = None
     glu_weight: Optional[float] = None
     type: Optional[str] = None
+    local_optimizer: Optional[str] = None
+    local_wd: Optional[float] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""

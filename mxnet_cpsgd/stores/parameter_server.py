@@ -320,9 +320,9 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._optimizer = optimizer
         self._updater = _UpdaterView(optimizer)
         if self._policy.uses_local_optimizer:
-            self._local = LocalOptimizer(optimizer, self._kv.num_workers,
-                                         local_lr=self._config.local_lr,
-                                         local_momentum=self._config.local_momentum)
+            self._local = LocalOptimizer(
+                optimizer, self._kv.num_workers,
+                **self._policy.local_settings(self._kv.num_workers))
 
     # ------------------------------------------------------------- broadcast
     def _check_array(self, key, array):
@@ -566,15 +566,8 @@ class PolicyStore(mx.kv.KVStoreBase):
         if kind is Local.FROM_GLOBAL:
             for it, w in zip(group, weights):
                 it.param.glob.copyto(w)
-            self._local.step(keys, weights, grads)
-        else:
-            glu = self._policy.glu_weight
-            toward_sync = ([(it.param.glob - w) * glu for it, w in zip(group, weights)]
-                           if glu else None)
-            self._local.step(keys, weights, grads)
-            if toward_sync is not None:
-                for w, t in zip(weights, toward_sync):
-                    w += t
+        # the global iteration picks the learning rate from the Trainer's schedule
+        self._local.step(keys, weights, grads, max(self._steps[k] for k in keys))
         for key, param, _, outs, _, plan in group:
             for other in outs[1:]:
                 outs[0].copyto(other)

@@ -15,6 +15,7 @@ argument: a JSON spec (see ``tests/workers/jobutil.py``)::
      "iterations": 20, "batch": 4, "seed": 7, "x_scale": 1.0,
      "record_grads": true, "final_sync": false,
      "devices": 1,                  # CPU contexts per worker; the batch is split evenly
+     "lr_schedule": null | {"step": [update counts], "factor": f},  # MultiFactorScheduler
      "freeze": null | {"at": t, "params": [names]},  # grad_req='null' from iteration t
      "out": "/some/dir"}
 
@@ -113,6 +114,11 @@ def main():
     names = list(params.keys())
     batch = spec["batch"]
     opt_args = dict(spec["optimizer"])
+    if spec.get("lr_schedule"):
+        # a MultiFactorScheduler on the Trainer's optimizer (the servers run it)
+        opt_args["lr_scheduler"] = mx.lr_scheduler.MultiFactorScheduler(
+            step=list(spec["lr_schedule"]["step"]), factor=spec["lr_schedule"]["factor"],
+            base_lr=opt_args["learning_rate"])
 
     kvstore = spec["kvstore"]
     trainer = None

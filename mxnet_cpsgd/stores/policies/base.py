@@ -25,7 +25,7 @@ class Pull(enum.Enum):
 class Local(enum.Enum):
     NONE = "none"                # the worker's weights are the pulled global weights
     FROM_GLOBAL = "from_global"  # L <- Opt_l(W, g): newest global weights + own gradient
-    FROM_LOCAL = "from_local"    # L <- Opt_l(L, g) (+ glu_weight * (W_sync - L))
+    FROM_LOCAL = "from_local"    # L <- Opt_l(L, g) (SSD-SGD: with its GLU term)
 
 
 class Payload(enum.Enum):
@@ -68,9 +68,17 @@ class Policy:
         """The :class:`StepPlan` for iteration ``step``."""
         raise NotImplementedError
 
-    @property
-    def glu_weight(self):
-        return 0.0
+    def local_settings(self, num_workers):
+        """Arguments of :class:`~mxnet_cpsgd.local_optimizer.LocalOptimizer`.
+
+        The authors' rule (OD-SGD, CD-SGD, SSD-SGD): a separate optimizer named by
+        ``local_optimizer``, with the Trainer's ``rescale_grad``, local lr
+        ``num_workers`` x the Trainer's unless ``local_lr`` is set.
+        """
+        c = self.config
+        return {"name": c.local_optimizer, "local_lr": c.local_lr,
+                "momentum": c.local_momentum, "wd": c.local_wd,
+                "default_ratio": num_workers, "grad_scale": 1.0}
 
     def server_optimizer(self, optimizer, num_workers):
         """The optimizer the servers run; by default the Trainer's own."""

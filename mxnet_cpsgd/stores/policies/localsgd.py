@@ -25,6 +25,13 @@ class LocalSGD(Policy):
             return _AVERAGE
         return _LOCAL_ONLY
 
+    def local_settings(self, num_workers):
+        # the Trainer's optimizer (type, momentum, wd) with the gradient scaled by M:
+        # a local step moves as far as a global step would
+        return {"name": None, "local_lr": self.config.local_lr,
+                "momentum": self.config.local_momentum, "wd": None,
+                "default_ratio": 1.0, "grad_scale": num_workers}
+
     def server_optimizer(self, optimizer, num_workers):
         return mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0,
                                 rescale_grad=1.0 / num_workers)
