@@ -37,7 +37,7 @@ LR, MOMENTUM, BATCH, WORKERS = 0.05, 0.9, 8, 2   # as in resume_worker.py
 CPSGD_KNOBS = '{"warmup_steps": 4, "correction_period": 3, "threshold": 0.1}'
 TAU = 0.1
 K_WARMUP = 3     # inside warm-up: no compressed push before the stop
-K_COMPRESSED = 7  # after compressed rounds 4 and 5 (6 is a correction round)
+K_COMPRESSED = 7  # after compressed rounds 4 and 6 (5 is a correction round: (5+1) % 3 == 0)
 
 
 def _job(worker_job, algo, knobs, out, *args):
@@ -199,7 +199,10 @@ def test_cpsgd_resume_after_compressed_rounds(cpsgd_runs, cpsgd_resumed_late):
 
 
 @pytest.mark.parametrize("algo,knobs,k", [
-    ("odsgd", '{"warmup_steps": 2}', 5),  # K after warm-up: one-step-delay rounds
+    # K after warm-up: one-step-delay rounds; local momentum so that Opt_l has a state
+    ("odsgd", '{"warmup_steps": 2, "local_momentum": 0.9}', 5),
+    # K inside a sync period: the GLU snapshots and counters must be restored
+    ("ssdsgd", '{"warmup_steps": 2, "sync_period": 3}', 6),
     ("ssgd", "{}", 5),
 ])
 def test_uncompressed_resume_is_exact(worker_job, tmp_path_factory, algo, knobs, k):
