@@ -140,3 +140,41 @@ def test_launcher_worker_index_is_not_taken_for_a_knob():
     environ = {launch.WORKER_INDEX_ENV: "0"}
     for name, policy in POLICIES.items():
         config.resolve(name, policy.defaults, {}, environ)
+
+
+@pytest.mark.parametrize("knobs,words", [
+    ({"local_optimizer": "nosuch"}, ["local_optimizer", "not an MXNet optimizer", "dcasgd"]),
+    ({"local_optimizer": 3}, ["local_optimizer", "name of an MXNet optimizer"]),
+    ({"local_wd": -1e-4}, ["local_wd", ">= 0"]),
+    ({"local_momentum": 1.0}, ["local_momentum", "[0, 1)"]),
+])
+def test_local_optimizer_knobs_are_checked(knobs, words):
+    with pytest.raises(config.ConfigError) as err:
+        config.resolve("odsgd", POLICIES["odsgd"].defaults, knobs, {})
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_local_optimizer_knob_defaults_follow_the_authors():
+    """cpsgd: stock 'sgd', momentum 0, wd 0 (CD-SGD); odsgd/ssdsgd: momentum 0 and the
+    Trainer's wd (None); warm-ups 1000 / 200 / 499; localsgd keeps the Trainer's."""
+    resolved = {name: config.resolve(name, POLICIES[name].defaults, {}, {})
+                for name in ("cpsgd", "odsgd", "ssdsgd", "localsgd")}
+    assert (resolved["cpsgd"].local_optimizer, resolved["cpsgd"].local_momentum,
+            resolved["cpsgd"].local_wd, resolved["cpsgd"].warmup_steps) == ("sgd", 0.0, 0.0, 1000)
+    assert (resolved["odsgd"].local_momentum, resolved["odsgd"].local_wd,
+            resolved["odsgd"].warmup_steps) == (0.0, None, 200)
+    assert (resolved["ssdsgd"].local_momentum, resolved["ssdsgd"].warmup_steps) == (0.0, 499)
+    assert resolved["localsgd"].local_momentum is None
+    with pytest.raises(config.ConfigError):
+        config.resolve("localsgd", POLICIES["localsgd"].defaults, {"local_optimizer": "sgd"}, {})
+
+
+def test_local_momentum_for_an_optimizer_without_one_is_rejected():
+    import mxnet as mx
+    from mxnet_cpsgd.stores.local_optimizer import LocalOptimizer
+    opt = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)
+    assert LocalOptimizer(opt, 2, name="adam", momentum=0.0).optimizer.__class__.__name__ \
+        == "Adam"
+    with pytest.raises(config.ConfigError, match="no momentum"):
+        LocalOptimizer(opt, 2, name="adam", momentum=0.5)

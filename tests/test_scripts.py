@@ -153,6 +153,7 @@ def test_fashion_mnist_two_iterations(tmp_path):
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--lr-decay-epoch", "5,2"], "strictly increasing"),
     (["--algorithm", "nosuch"], "invalid choice"),
+    (["--lr-convention", "avg"], "invalid choice"),
 ])
 def test_bad_args_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -170,6 +171,18 @@ def test_knobs_passed_only_when_set():
     assert options.compression_params(args) == {"threshold": 1.0, "warmup_steps": 100}
     args = options.parse_args(parser, ["--algorithm", "localsgd", "--sync-period", "3"])
     assert options.compression_params(args) == {"sync_period": 3}
+
+
+def test_lr_convention_sets_the_step_batch():
+    """'sum' (gluon's): trainer.step(B); 'mean' (the authors' Module API, rescale
+    1/(B*M)): trainer.step(B * M)."""
+    from mxnet_cpsgd.training.loop import step_batch_size
+    parser = _script("train_mnist").get_parser()
+    args = options.parse_args(parser, ["--algorithm", "ssgd", "--batch-size", "16"])
+    assert args.lr_convention == "sum" and step_batch_size(args, 4) == 16
+    args = options.parse_args(parser, ["--algorithm", "ssgd", "--batch-size", "16",
+                                       "--lr-convention", "mean"])
+    assert step_batch_size(args, 4) == 64 and step_batch_size(args, 1) == 16
 
 
 def test_distributed_algorithm_outside_a_job(monkeypatch, capsys):
@@ -215,8 +228,12 @@ def test_two_worker_cpsgd_via_launcher_and_resume(tmp_path):
     command = [sys.executable, os.path.join(SCRIPTS, "train_mnist.py"),
                "--algorithm", "cpsgd", "--dataset", "mnist-5k", "--batch-size", "32",
                "--warmup-steps", "2", "--correction-period", "2",
+               "--lr-convention", "mean", "--lr", "0.05",
                "--checkpoint-dir", str(ckpt), "--log-json", str(log)]
     result = _launch(command + ["--max-iters", "6"])
+    # the first line names the convention (the authors': trainer.step(B * M))
+    assert "lr=0.05 lr_convention=mean (lr x mean gradient over all workers' samples" \
+        in result.output
     recs = [read_jsonl(log)[-1], read_jsonl(tmp_path / "log.rank1.json")[-1]]
     assert sorted(r["rank"] for r in recs) == [0, 1]
     for rec in recs:

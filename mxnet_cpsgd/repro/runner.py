@@ -314,7 +314,7 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
 
 #: the algorithm knobs of the training scripts (see train_common.KNOB_FLAGS)
 KNOBS = ("threshold", "correction_period", "warmup_steps", "sync_period", "local_lr",
-         "local_momentum", "glu_weight")
+         "local_momentum", "glu_weight", "local_optimizer", "local_wd")
 
 
 # ----------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import mxnet as mx
 
 from . import data as data_mod
 from . import models as models_mod
-from .options import PROJECT_STORES, UsageError, compression_params, parse_args, parse_gpus
+from .options import (LR_CONVENTIONS, PROJECT_STORES, UsageError, compression_params,
+                      parse_args, parse_gpus)
 from .logs import logger, setup_logging
 from .loop import reset_batchnorm_stats, train
 
@@ -151,11 +152,13 @@ def _run(args: argparse.Namespace, dataset: str, model_name: str, ctx: List[mx.C
     reset_batchnorm_stats(net)
     cparams = compression_params(args)
     logger.info("algorithm=%s workers=%d knobs=%s model=%s (%d parameters) dataset=%s "
-                "train/worker=%d val/worker=%d batch/worker=%d batches/epoch=%d ctx=%s",
+                "train/worker=%d val/worker=%d batch/worker=%d batches/epoch=%d ctx=%s "
+                "lr=%g lr_convention=%s (%s)",
                 args.algorithm, num_workers, json.dumps(cparams, sort_keys=True),
                 model_name, num_params, info.name, info.train_per_worker,
                 info.val_per_worker, args.batch_size, len(train_data),
-                ",".join(str(c) for c in ctx))
+                ",".join(str(c) for c in ctx), args.lr, args.lr_convention,
+                LR_CONVENTIONS[args.lr_convention])
     try:
         result = train(args, net, train_data, val_data, info, ctx, kv, rank, num_workers,
                        model_name)

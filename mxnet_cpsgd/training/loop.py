@@ -46,6 +46,21 @@ def updates_per_iteration(algorithm: str, num_workers: int) -> int:
     return 1
 
 
+def step_batch_size(args: argparse.Namespace, num_workers: int) -> int:
+    """The batch size passed to ``trainer.step``, by ``--lr-convention``.
+
+    Every store, MXNet's own included, rescales each worker's gradient by
+    ``1/step_batch`` and the servers sum the workers' gradients.  ``sum``
+    (gluon's convention): the per-worker batch, so the step is ``lr x`` the sum of
+    the workers' batch-mean gradients.  ``mean`` (the authors' Module API, which
+    rescales by ``1/(B*M)``): ``B * M``, so the step is ``lr x`` the mean gradient
+    over all workers' samples.
+    """
+    if getattr(args, "lr_convention", "sum") == "mean":
+        return args.batch_size * num_workers
+    return args.batch_size
+
+
 def make_lr_scheduler(args: argparse.Namespace, iters_per_epoch: int,
                       updates_per_iter: int = 1):
     """The schedule of ``--lr-mode`` in optimizer updates (``None``: constant lr).
@@ -131,6 +146,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     if scheduler is not None:
         opt_params["lr_scheduler"] = scheduler
 
+    step_bs = step_batch_size(args, num_workers)
     meta = None
     if args.resume:
         meta = read_checkpoint(args.checkpoint_dir, num_workers, args.algorithm)
@@ -140,15 +156,11 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     state = TrainState()
     if meta is not None:
         state = load_checkpoint(args.checkpoint_dir, meta, net, trainer, ctx, rank,
-                                args.algorithm, args.batch_size)
+                                args.algorithm, step_bs)
         logger.info("resumed from %s: epoch %d, iteration %d (batch %d of the epoch)",
                     args.checkpoint_dir, state.epoch, state.iteration, state.epoch_iteration)
 
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    # every store, MXNet's own included, gets the per-worker batch: each worker's
-    # gradient is rescaled by 1/batch_size and the servers sum the workers'
-    # (MXNet's convention), so the step is lr * sum of the workers' mean gradients
-    step_bs = args.batch_size
     writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
                             append=args.resume)
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]

@@ -22,6 +22,18 @@ KNOB_FLAGS = {
     "local_lr": ("--local-lr", float),
     "local_momentum": ("--local-momentum", float),
     "glu_weight": ("--glu-weight", float),
+    "local_optimizer": ("--local-optimizer", str),
+    "local_wd": ("--local-wd", float),
+}
+
+#: --lr-convention: what the servers apply the learning rate to, with M workers
+#: and B samples per worker (see docs/training.md, "Learning rate and batch size")
+LR_CONVENTIONS = {
+    # gluon on a distributed store: trainer.step(B), lr x sum_i (worker i's batch mean)
+    "sum": "lr x sum over workers of each worker's batch-mean gradient, trainer.step(B)",
+    # the authors' Module API (rescale 1/(B*M)): trainer.step(B*M), lr x mean over all
+    "mean": "lr x mean gradient over all workers' samples, trainer.step(B*M), "
+            "the authors' convention",
 }
 
 class UsageError(ValueError):
@@ -83,6 +95,12 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     g.add_argument("--batch-size", type=int, default=64,
                    help="samples per iteration on each worker (split across its GPUs)")
     g.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    g.add_argument("--lr-convention", default="sum", choices=sorted(LR_CONVENTIONS),
+                   help="what --lr multiplies on a distributed store: 'sum' (MXNet "
+                        "gluon's trainer.step(batch): the sum over the workers of their "
+                        "batch-mean gradients) or 'mean' (the authors' Module API, "
+                        "trainer.step(batch * workers): the mean gradient over all "
+                        "workers' samples, M times smaller a step for the same --lr)")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     g.add_argument("--wd", type=float, default=1e-4, help="weight decay")
     g.add_argument("--lr-mode", default="step", choices=("step", "cosine"),
