@@ -21,10 +21,12 @@ from mxnet_cpsgd.training import common, options  # noqa: E402
 from mxnet_cpsgd.training.data import MNIST_DATASETS  # noqa: E402
 
 # Measured on a 2-core machine, 2 workers + 1 server (see docs/training.md):
-# about a minute per run; val accuracy after 20 epochs: ssgd 97.6%, cpsgd 97.9%.
-# lr follows MXNet's distributed convention: the servers sum the workers'
-# gradients, each averaged over its own batch, so 2 workers step by about
-# 2 * lr * the mean gradient (0.05 for batch 64 in one process).
+# about a minute per run; val accuracy after 20 epochs: ssgd 97.6%; cpsgd 97.3-97.9%
+# before issue 13, 95.9-97.6% (one run in five diverged) with the authors' local
+# momentum 0, 97.7-97.8% with --local-momentum 0.9.
+# lr follows gluon's distributed convention (--lr-convention sum): the servers sum
+# the workers' gradients, each averaged over its own batch, so 2 workers step by
+# about 2 * lr * the mean gradient (0.05 for batch 64 in one process).
 DEFAULTS = {
     "num_epochs": 20,
     "batch_size": 32,
@@ -35,7 +37,7 @@ DEFAULTS = {
     "lr_decay_epoch": "",
     "val_split": "full",
     # knob defaults this script passes when the algorithm accepts them: the
-    # algorithms' own warm-up (500-1000 iterations) would be most of this short run
+    # algorithms' own warm-up (200-1000 iterations) would be most of this short run
     # (62 iterations per epoch with 2 workers on mnist-5k)
     "knob_defaults": {"warmup_steps": 100},
 }
