@@ -42,6 +42,14 @@ def _closed_unit_float(name, value):
     return value
 
 
+def _ratio(name, value):
+    value = _as_float(name, value)
+    if not 0 < value <= 1:
+        raise ConfigError("%s must be in (0, 1] (the fraction of each tensor's elements "
+                          "sent), got %r" % (name, value))
+    return value
+
+
 def _as_float(name, value):
     if isinstance(value, bool):
         raise ConfigError("%s must be a number, got %r" % (name, value))
@@ -89,6 +97,8 @@ KNOBS = {
     "local_momentum": (_unit_float, "momentum of the local optimizer (default: the Trainer's)"),
     "glu_weight": (_closed_unit_float,
                    "SSD-SGD: pull of each local step toward the last synced global weights"),
+    "ratio": (_ratio, "top-k: fraction of each tensor's elements sent, in (0, 1]"),
+    "rank": (_int_at_least(1), "PowerSGD / ACP-SGD: rank of the low-rank approximation"),
 }
 
 
@@ -113,6 +123,8 @@ class AlgorithmConfig:
         local_momentum: momentum of the local optimizer (default: the Trainer's).
         glu_weight: SSD-SGD's pull toward the last synced global weights.
         type: compression type, only ``'2bit'``.
+        ratio: fraction of each tensor's elements that ``topk`` sends, in (0, 1].
+        rank: rank of the low-rank approximation (``powersgd``, ``acpsgd``), >= 1.
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -123,6 +135,8 @@ class AlgorithmConfig:
     local_momentum: Optional[float] = None
     glu_weight: Optional[float] = None
     type: Optional[str] = None
+    ratio: Optional[float] = None
+    rank: Optional[int] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""

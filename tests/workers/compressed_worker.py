@@ -1,0 +1,90 @@
+"""Worker of tests/test_compressors.py: one horovodrun process, several trainings.
+
+Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
+``{"label": str, "kvstore": name, "knobs": dict}``.  For every run, in order, the
+process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
+so it has 4-D, 2-D and 1-D parameters) from ``RandomState(SEED)`` (the same on
+every rank), trains it for ITERATIONS steps of ``trainer.step(BATCH)`` with SGD
+(momentum, wd) on rank-dependent random data (``RandomState(1000 + rank)``), and
+records, per step, the weights before the step and the gradient MXNet computed
+there (summed over the batch, before ``pushpull``), plus the final weights.
+
+Output: ``OUT_DIR/<label>-rank<r>.npz`` with ``w:<param>`` of shape
+``(ITERATIONS + 1, ...)`` and ``g:<param>`` of shape ``(ITERATIONS, ...)``.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import mxnet_cpsgd  # noqa: F401  (registers the stores)
+
+ITERATIONS = 12
+BATCH = 4
+SEED = 3
+OPTIMIZER = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}
+IN_SHAPE = (2, 6, 6)
+OUT = 5
+
+
+def make_net():
+    net = gluon.nn.HybridSequential(prefix="net_")
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(8, kernel_size=3, in_channels=2, activation="tanh",
+                                prefix="conv_"))
+        net.add(gluon.nn.Flatten())
+        net.add(gluon.nn.Dense(24, in_units=8 * 4 * 4, activation="tanh", prefix="hid_"))
+        net.add(gluon.nn.Dense(OUT, in_units=24, prefix="out_"))
+    net.initialize(mx.init.Zero())
+    rng = np.random.RandomState(SEED)
+    for name, param in sorted(net.collect_params().items()):
+        param.set_data(mx.nd.array(rng.uniform(-0.5, 0.5, param.shape).astype(np.float32)))
+    return net
+
+
+def train(run, rank, out_dir):
+    net = make_net()
+    params = net.collect_params()
+    names = sorted(params)
+    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=run["kvstore"],
+                            compression_params=run.get("knobs") or None)
+    rng = np.random.RandomState(1000 + rank)
+    x = rng.randn(ITERATIONS, BATCH, *IN_SHAPE).astype(np.float32)
+    y = rng.randn(ITERATIONS, BATCH, OUT).astype(np.float32)
+    ws = {n: [] for n in names}
+    gs = {n: [] for n in names}
+    for t in range(ITERATIONS):
+        for n in names:
+            ws[n].append(params[n].data().asnumpy())
+        with autograd.record():
+            loss = 0.5 * ((net(mx.nd.array(x[t])) - mx.nd.array(y[t])) ** 2).sum()
+        loss.backward()
+        for n in names:
+            gs[n].append(params[n].grad().asnumpy())
+        trainer.step(BATCH)
+    mx.nd.waitall()
+    for n in names:
+        ws[n].append(params[n].data().asnumpy())
+    store = trainer._kvstore
+    assert store is not None and store.type == run["kvstore"], store
+    assert trainer._update_on_kvstore is False
+    arrays = {"w:" + n: np.stack(ws[n]) for n in names}
+    arrays.update({"g:" + n: np.stack(gs[n]) for n in names})
+    np.savez(os.path.join(out_dir, "%s-rank%d.npz" % (run["label"], rank)), **arrays)
+    print("done %s rank=%d" % (run["label"], rank), flush=True)
+
+
+def main():
+    out_dir, runs = sys.argv[1], json.loads(sys.argv[2])
+    import horovod.mxnet as hvd
+    hvd.init()
+    mx.random.seed(7)
+    for run in runs:
+        train(run, hvd.rank(), out_dir)
+
+
+if __name__ == "__main__":
+    main()
