@@ -10,7 +10,8 @@ records, per step, the weights before the step and the gradient MXNet computed
 there (summed over the batch, before ``pushpull``), plus the final weights.
 
 Output: ``OUT_DIR/<label>-rank<r>.npz`` with ``w:<param>`` of shape
-``(ITERATIONS + 1, ...)`` and ``g:<param>`` of shape ``(ITERATIONS, ...)``.
+``(ITERATIONS + 1, ...)``, ``g:<param>`` of shape ``(ITERATIONS, ...)`` and
+``keys``: the parameter names in the Trainer's key order.
 """
 import json
 import os
@@ -72,6 +73,8 @@ def train(run, rank, out_dir):
     assert store is not None and store.type == run["kvstore"], store
     assert trainer._update_on_kvstore is False
     arrays = {"w:" + n: np.stack(ws[n]) for n in names}
+    # the Trainer's key of every parameter (its index in trainer._params)
+    arrays["keys"] = np.array([p.name for p in trainer._params])
     arrays.update({"g:" + n: np.stack(gs[n]) for n in names})
     np.savez(os.path.join(out_dir, "%s-rank%d.npz" % (run["label"], rank)), **arrays)
     print("done %s rank=%d" % (run["label"], rank), flush=True)
