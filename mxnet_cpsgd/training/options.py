@@ -8,7 +8,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 
 # this project's stores (registered by ``import mxnet_cpsgd``)
-PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod")
+PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod",
+                  "signsgd", "topk", "powersgd", "acpsgd")
+# the stores that run on Horovod (horovodrun, no scheduler or servers)
+HOROVOD_STORES = ("horovod", "signsgd", "topk", "powersgd", "acpsgd")
 # MXNet's own distributed stores, for comparison
 RAW_DIST_STORES = ("dist_sync", "dist_device_sync", "dist_async")
 ALGORITHMS = PROJECT_STORES + ("local",) + RAW_DIST_STORES
@@ -22,6 +25,8 @@ KNOB_FLAGS = {
     "local_lr": ("--local-lr", float),
     "local_momentum": ("--local-momentum", float),
     "glu_weight": ("--glu-weight", float),
+    "ratio": ("--ratio", float),
+    "rank": ("--rank", int),
 }
 
 class UsageError(ValueError):
@@ -115,6 +120,11 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     g.add_argument("--log-interval", type=int, default=0,
                    help="log every N batches (0: only per epoch)")
     g.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    g.add_argument("--net-iface", default=None, metavar="IFACE",
+                   help="log the bytes network interface IFACE sent during each epoch's "
+                        "training iterations (Linux /proc/net/dev counters of this "
+                        "process's network namespace; meaningful when the job alone "
+                        "uses IFACE, e.g. lo in a private network namespace)")
     p.set_defaults(**{k: v for k, v in defaults.items()})
     return p
 
@@ -124,7 +134,8 @@ def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     if algorithm not in PROJECT_STORES:
         return ()
     from ..stores.policies import POLICIES
-    policy = POLICIES.get(algorithm)
+    from ..stores.allreduce.compressors import COMPRESSORS
+    policy = POLICIES.get(algorithm) or COMPRESSORS.get(algorithm)
     return tuple(sorted(policy.defaults)) if policy is not None else ()
 
 
