@@ -2,8 +2,8 @@
 
 ``import mxnet_cpsgd`` registers the stores ``ssgd``, ``bitsgd``, ``asgd``,
 ``odsgd``, ``cpsgd``, ``ssdsgd`` and ``localsgd`` with MXNet, and the all-reduce
-stores over Horovod ``horovod``, ``signsgd``, ``topk``, ``powersgd`` and ``acpsgd``, so that unchanged
-Gluon code selects one by name::
+stores over Horovod ``horovod``, ``signsgd``, ``topk``, ``powersgd`` and
+``acpsgd``, so that unchanged Gluon code selects one by name::
 
     trainer = gluon.Trainer(net.collect_params(), 'sgd',
                             {'learning_rate': 0.1, 'momentum': 0.9},
