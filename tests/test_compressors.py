@@ -51,7 +51,10 @@ RUNS = [
     {"label": "powersgd", "kvstore": "powersgd", "knobs": {"rank": 2}},
     {"label": "powersgd-full", "kvstore": "powersgd", "knobs": {"rank": 64}},
     {"label": "acpsgd", "kvstore": "acpsgd", "knobs": {"rank": 2, "warmup_steps": 1}},
+    {"label": "api-topk", "kvstore": "topk", "knobs": {"ratio": 1}, "api": True},
+    {"label": "api-powersgd", "kvstore": "powersgd", "knobs": {"rank": 8}, "api": True},
 ]
+TRAININGS = [r for r in RUNS if not r.get("api")]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,8 @@ def job():
         code, out = _run_group(cmd, _env(tag), JOB_TIMEOUT)
         assert code == 0, "horovodrun %s:\n%s" % (
             "timed out" if code is None else "exited %s" % code, out[-6000:])
-        results = {}
-        for run in RUNS:
+        results = {"output": out}
+        for run in TRAININGS:
             ranks = []
             for r in range(2):
                 path = os.path.join(out_dir, "%s-rank%d.npz" % (run["label"], r))
@@ -127,7 +130,15 @@ def test_store_matches_numpy_reference(job, label):
                for n in names), label
 
 
-@pytest.mark.parametrize("label", [r["label"] for r in RUNS])
+@pytest.mark.parametrize("label", ["api-topk", "api-powersgd"])
+def test_pushpull_devices_out_and_key_lists(job, label):
+    """Several devices per worker, ``out=`` and lists of keys (worker's check_api)."""
+    out = job("output")
+    for r in range(2):
+        assert "api ok %s rank=%d" % (label, r) in out, out[-4000:]
+
+
+@pytest.mark.parametrize("label", [r["label"] for r in TRAININGS])
 def test_both_ranks_end_identical(job, label):
     ranks = job(label)
     _assert_close(_weights(ranks[1]), _weights(ranks[0]), EXACT_RTOL, EXACT_ATOL,

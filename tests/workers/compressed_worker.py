@@ -1,7 +1,8 @@
 """Worker of tests/test_compressors.py: one horovodrun process, several trainings.
 
 Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
-``{"label": str, "kvstore": name, "knobs": dict}``.  For every run, in order, the
+``{"label": str, "kvstore": name, "knobs": dict}`` (with ``"api": true``: check the
+store's ``pushpull`` semantics directly instead of training, see :func:`check_api`).  For every run, in order, the
 process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
 so it has 4-D, 2-D and 1-D parameters) from ``RandomState(SEED)`` (the same on
 every rank), trains it for ITERATIONS steps of ``trainer.step(BATCH)`` with SGD
@@ -80,13 +81,39 @@ def train(run, rank, out_dir):
     print("done %s rank=%d" % (run["label"], rank), flush=True)
 
 
+def check_api(run, rank, size):
+    """pushpull semantics of a store whose result is the exact sum (topk ratio=1,
+    powersgd with a large rank): devices summed first, ``out=``, lists of keys,
+    float64; every rank r contributes r + 1."""
+    store = mx.kv.create(run["kvstore"])
+    store.set_gradient_compression(run.get("knobs") or {})
+    total = size * (size + 1) / 2.0
+    g0 = mx.nd.full((3, 4), rank + 1, ctx=mx.cpu(0))
+    g1 = mx.nd.full((3, 4), 10 * (rank + 1), ctx=mx.cpu(1))
+    store.pushpull(0, [g0, g1])
+    for a in (g0, g1):
+        assert (a.asnumpy() == 11 * total).all(), a
+    v = mx.nd.full((5, 2), rank + 1)
+    o0, o1 = mx.nd.zeros((5, 2)), mx.nd.zeros((5, 2))
+    store.pushpull(1, v, out=[o0, o1])
+    assert (v.asnumpy() == rank + 1).all()
+    assert (o0.asnumpy() == total).all() and (o1.asnumpy() == total).all()
+    a, b = mx.nd.full((2,), rank + 1), mx.nd.full((6, 3), 2 * (rank + 1), dtype="float64")
+    store.pushpull([2, 3], [a, b])
+    assert (a.asnumpy() == total).all() and (b.asnumpy() == 2 * total).all(), (a, b)
+    print("api ok %s rank=%d" % (run["label"], rank), flush=True)
+
+
 def main():
     out_dir, runs = sys.argv[1], json.loads(sys.argv[2])
     import horovod.mxnet as hvd
     hvd.init()
     mx.random.seed(7)
     for run in runs:
-        train(run, hvd.rank(), out_dir)
+        if run.get("api"):
+            check_api(run, hvd.rank(), hvd.size())
+        else:
+            train(run, hvd.rank(), out_dir)
 
 
 if __name__ == "__main__":

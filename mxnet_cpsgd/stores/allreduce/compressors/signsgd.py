@@ -30,10 +30,10 @@ class SignSGD(Compressor):
         super().__init__(config, num_workers)
         self._weights = {}
 
-    def _bit_weights(self, ctx):
-        w = self._weights.get(ctx)
+    def _bit_weights(self, ctx, dtype):
+        w = self._weights.get((ctx, dtype))
         if w is None:
-            w = self._weights[ctx] = mx.nd.array(_BIT_WEIGHTS, ctx=ctx)
+            w = self._weights[(ctx, dtype)] = mx.nd.array(_BIT_WEIGHTS, ctx=ctx, dtype=dtype)
         return w
 
     def compress(self, key, tensor, step):
@@ -44,8 +44,9 @@ class SignSGD(Compressor):
         self.memory.store(key, p - mx.nd.broadcast_mul(bits * 2 - 1, scale))
         nbytes = int(math.ceil(d / 8.0))
         if nbytes * 8 != d:
-            bits = mx.nd.concat(bits, mx.nd.zeros((nbytes * 8 - d,), ctx=p.context), dim=0)
-        packed = mx.nd.dot(bits.reshape((nbytes, 8)), self._bit_weights(p.context))
+            bits = mx.nd.concat(bits, mx.nd.zeros((nbytes * 8 - d,), ctx=p.context,
+                                                  dtype=p.dtype), dim=0)
+        packed = mx.nd.dot(bits.reshape((nbytes, 8)), self._bit_weights(p.context, p.dtype))
         packed = packed.astype("uint8")
         return Message([packed, scale], ALLGATHER, "sign",
                        {"shape": tensor.shape, "d": d, "nbytes": nbytes})
@@ -54,8 +55,8 @@ class SignSGD(Compressor):
         st = message.state
         m, d, nbytes = self.num_workers, st["d"], st["nbytes"]
         packed, scales = message.outputs                     # (M*nbytes,), (M,)
-        x = packed.astype("float32").reshape((m, nbytes, 1))
-        w = self._bit_weights(x.context).reshape((1, 1, 8))
+        x = packed.astype(scales.dtype).reshape((m, nbytes, 1))
+        w = self._bit_weights(x.context, x.dtype).reshape((1, 1, 8))
         bits = mx.nd.floor(mx.nd.broadcast_div(x, w)) % 2    # (M, nbytes, 8)
         bits = bits.reshape((m, nbytes * 8))
         if nbytes * 8 != d:
