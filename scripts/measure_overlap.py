@@ -12,9 +12,12 @@ step the script measures, on rank 0:
 * ``compute``: the same iteration without communication (``pushpull`` of a local
   store: ``kvstore=None``).
 
-For the all-gather stores (``signsgd``, ``topk``) the variant ``<name>+blocking``
-replaces the asynchronous all-gather by Horovod's own ``hvd.allgather`` (which
-waits in the calling thread), i.e. a per-key blocking design in gluon's key order.
+Variants: ``<name>+grouped`` holds a step's compressed messages until its last
+key and exchanges them as one grouped Horovod operation per round and dtype
+(``store.group_per_step = True``); for the all-gather stores (``signsgd``,
+``topk``) ``<name>+blocking`` replaces the asynchronous all-gather by Horovod's
+own ``hvd.allgather`` (which waits in the calling thread), i.e. a per-key
+blocking design in gluon's key order.
 Medians over ``--steps`` steps after ``--skip`` warm-up steps.  Times on a shared
 machine are noisy: compare rows of one run only.
 """
@@ -44,9 +47,11 @@ def run(name, args, rank):
     net = models.get_model("lenet", 10)
     models.initialize(net, (1, 28, 28), [mx.cpu()])
     store = name.split("+")[0]
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
-                            kvstore=None if store == "compute" else store,
-                            compression_params=None)
+    kv = None
+    if store != "compute":
+        kv = mx.kv.create(store)
+        kv.group_per_step = name.endswith("+grouped")
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(rank)
     x = mx.nd.array(rng.rand(args.batch, 1, 28, 28))
@@ -73,8 +78,9 @@ def run(name, args, rank):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stores", default="compute,horovod,signsgd,signsgd+blocking,topk,"
-                                       "topk+blocking,powersgd,acpsgd")
+    p.add_argument("--stores", default="compute,horovod,signsgd,signsgd+grouped,"
+                                       "signsgd+blocking,topk,topk+grouped,topk+blocking,"
+                                       "powersgd,powersgd+grouped,acpsgd,acpsgd+grouped")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)

@@ -51,6 +51,9 @@ RUNS = [
     {"label": "powersgd", "kvstore": "powersgd", "knobs": {"rank": 2}},
     {"label": "powersgd-full", "kvstore": "powersgd", "knobs": {"rank": 64}},
     {"label": "acpsgd", "kvstore": "acpsgd", "knobs": {"rank": 2, "warmup_steps": 1}},
+    {"label": "signsgd-grouped", "kvstore": "signsgd", "group_per_step": True},
+    {"label": "powersgd-grouped", "kvstore": "powersgd", "knobs": {"rank": 2},
+     "group_per_step": True},
     {"label": "api-topk", "kvstore": "topk", "knobs": {"ratio": 1}, "api": True},
     {"label": "api-powersgd", "kvstore": "powersgd", "knobs": {"rank": 8}, "api": True},
 ]
@@ -128,6 +131,15 @@ def test_store_matches_numpy_reference(job, label):
                              OPTIMIZER["wd"], rescale=1.0 / BATCH))
     assert any(not np.allclose(expected[-1][n], dense[-1][n], rtol=1e-3, atol=1e-4)
                for n in names), label
+
+
+@pytest.mark.parametrize("label", ["signsgd", "powersgd"])
+def test_one_group_per_step_is_the_same_rule(job, label):
+    """store.group_per_step = True (one grouped exchange per round) changes nothing
+    but the timing of the collectives."""
+    for r in range(2):
+        _assert_close(_weights(job(label + "-grouped")[r]), _weights(job(label)[r]),
+                      EXACT_RTOL, EXACT_ATOL, "%s grouped vs per key, rank %d" % (label, r))
 
 
 @pytest.mark.parametrize("label", ["api-topk", "api-powersgd"])

@@ -1,7 +1,8 @@
 """Worker of tests/test_compressors.py: one horovodrun process, several trainings.
 
 Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
-``{"label": str, "kvstore": name, "knobs": dict}`` (with ``"api": true``: check the
+``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool}`` (with
+``"api": true``: check the
 store's ``pushpull`` semantics directly instead of training, see :func:`check_api`).  For every run, in order, the
 process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
 so it has 4-D, 2-D and 1-D parameters) from ``RandomState(SEED)`` (the same on
@@ -51,7 +52,11 @@ def train(run, rank, out_dir):
     net = make_net()
     params = net.collect_params()
     names = sorted(params)
-    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=run["kvstore"],
+    kvstore = run["kvstore"]
+    if run.get("group_per_step"):
+        kvstore = mx.kv.create(kvstore)
+        kvstore.group_per_step = True
+    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
                             compression_params=run.get("knobs") or None)
     rng = np.random.RandomState(1000 + rank)
     x = rng.randn(ITERATIONS, BATCH, *IN_SHAPE).astype(np.float32)

@@ -62,6 +62,31 @@ class Collectives:
             raise ValueError(message.op)
         return message
 
+    def exchange_group(self, messages, name, priority=0):
+        """Queue the collectives of several messages of one round as one grouped
+        Horovod operation per (collective, dtype); sets every ``message.outputs``.
+
+        (A grouped all-gather mixing dtypes breaks Gloo's framing in 0.28.1.)
+        """
+        groups = {}
+        for m in messages:
+            if m.op == ALLGATHER:
+                m.outputs = [mx.nd.zeros((self.size * t.shape[0],) + t.shape[1:],
+                                         ctx=t.context, dtype=t.dtype) for t in m.tensors]
+            else:
+                m.outputs = m.tensors
+            for t, o in zip(m.tensors, m.outputs):
+                groups.setdefault((m.op, m.tag, str(t.dtype)), []).append((t, o))
+        for (op, tag, dtype), pairs in sorted(groups.items()):
+            full = "%s.%s.%s.%s.%s" % (self._prefix, name, op, tag, dtype)
+            tensors = [t for t, _ in pairs]
+            if op == ALLREDUCE:
+                self._hvd.grouped_allreduce_(tensors, op=self._hvd.Sum, name=full,
+                                             priority=priority)
+            else:
+                self.allgather_into(tensors, [o for _, o in pairs], full, priority)
+        return messages
+
     def allgather_into(self, tensors, outputs, name, priority=0):
         """All-gather ``tensors`` into pre-shaped ``outputs`` without waiting."""
         check_call(self._lib.horovod_mxnet_allgather_async(

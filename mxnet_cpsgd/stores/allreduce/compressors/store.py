@@ -43,6 +43,13 @@ class CompressedHorovod(_hvd_store.Horovod):
     """
 
     compressor_class = None
+    #: False (default): every key is exchanged on its own as soon as it is
+    #: pushed (pipelined; Horovod fuses what is ready together).  True: the
+    #: compressed messages of a step are held until the last key of the step
+    #: (every key the Trainer broadcast) is pushed, then exchanged as one
+    #: grouped Horovod operation per round and dtype (scripts/measure_overlap.py
+    #: compares the two).
+    group_per_step = False
 
     def __init__(self, config=None):
         name = self.compressor_class.name
@@ -68,6 +75,8 @@ class CompressedHorovod(_hvd_store.Horovod):
         self._compressor = self.compressor_class(self._config, hvd.size())
         self._steps = {}
         self._in_flight = {}
+        self._keys = set()
+        self._pending = []
 
     @property
     def type(self):
@@ -116,31 +125,67 @@ class CompressedHorovod(_hvd_store.Horovod):
         if count < warmup:
             self._hvd.allreduce_(buf, op=self._hvd.Sum, name="%s.grad.%s" % (self._prefix, key),
                                  priority=priority)
-        else:
-            step = count - warmup
-            message = self._compressor.compress(key, buf, step)
-            sent = []
-            while True:
-                self._collectives.exchange(message, key, priority)
-                sent.append((message.tensors, message.outputs))
-                result = self._compressor.decompress(key, message, step)
-                if not isinstance(result, Message):
-                    break
-                message = result
-            if result is not buf:
-                result.copyto(buf)
-            # Horovod's queued operations hold raw pointers to these NDArrays, and
-            # MXNet frees an NDArray with its Python object: keep the arrays of the
-            # last two steps of the key; before letting older ones go, wait for
-            # their collectives (in a training loop they finished long ago, so
-            # this does not block: step t+1's weights depend on them)
-            older, last = self._in_flight.get(key, (None, None))
-            for _, outputs in older or ():
-                for a in outputs:
-                    a.wait_to_read()
-            self._in_flight[key] = (last, sent)
-        for o in outs[1:]:
-            buf.copyto(o)
+            for o in outs[1:]:
+                buf.copyto(o)
+            return
+        step = count - warmup
+        item = _Pending(key, buf, outs[1:], step, priority,
+                        self._compressor.compress(key, buf, step))
+        if not self.group_per_step:
+            self._run([item], key)
+            return
+        self._pending.append(item)
+        if len(self._pending) >= len(self._keys):
+            pending, self._pending = self._pending, []
+            self._run(pending, "step")
+
+    def broadcast(self, key, value, out, priority=0):
+        """As ``horovod``; also records the keys (one group per step needs them)."""
+        self._keys.update(_as_list(key))
+        super().broadcast(key, value, out, priority)
+
+    def _run(self, items, slot):
+        """Exchange and decompress ``items`` (one key, or the step's group) round by
+        round; write every result into its key's buffer."""
+        sent = []
+        while items:
+            if len(items) == 1:
+                self._collectives.exchange(items[0].message, items[0].key, items[0].priority)
+            else:
+                self._collectives.exchange_group([i.message for i in items], "group")
+            following = []
+            for it in items:
+                sent.append((it.message.tensors, it.message.outputs))
+                result = self._compressor.decompress(it.key, it.message, it.step)
+                if isinstance(result, Message):
+                    it.message = result
+                    following.append(it)
+                    continue
+                if result is not it.buf:
+                    result.copyto(it.buf)
+                for o in it.outs:
+                    it.buf.copyto(o)
+            items = following
+        # Horovod's queued operations hold raw pointers to these NDArrays, and MXNet
+        # frees an NDArray with its Python object: keep the arrays of the last two
+        # steps; before letting older ones go, wait for their collectives (in a
+        # training loop they finished long ago, so this does not block: step t+1's
+        # weights depend on them)
+        older, last = self._in_flight.get(slot, (None, None))
+        for _, outputs in older or ():
+            for a in outputs:
+                a.wait_to_read()
+        self._in_flight[slot] = (last, sent)
+
+
+class _Pending:
+    """One key's compressed step on its way through the rounds of communication."""
+
+    __slots__ = ("key", "buf", "outs", "step", "priority", "message")
+
+    def __init__(self, key, buf, outs, step, priority, message):
+        self.key, self.buf, self.outs = key, buf, outs
+        self.step, self.priority, self.message = step, priority, message
 
 
 def store_class(compressor):
