@@ -12,9 +12,10 @@ step the script measures, on rank 0:
 * ``compute``: the same iteration without communication (``pushpull`` of a local
   store: ``kvstore=None``).
 
-Variants: ``<name>+grouped`` holds a step's compressed messages until its last
-key and exchanges them as one grouped Horovod operation per round and dtype
-(``store.group_per_step = True``); for the all-gather stores (``signsgd``,
+Variants: ``<name>`` holds a step's compressed messages until its last key and
+exchanges them as one grouped Horovod operation per round and dtype (the
+default); ``<name>+per-key`` exchanges every key as soon as it is pushed
+(``store.group_per_step = False``); for the all-gather stores (``signsgd``,
 ``topk``) ``<name>+blocking`` replaces the asynchronous all-gather by Horovod's
 own ``hvd.allgather`` (which waits in the calling thread), i.e. a per-key
 blocking design in gluon's key order.
@@ -50,7 +51,7 @@ def run(name, args, rank):
     kv = None
     if store != "compute":
         kv = mx.kv.create(store)
-        kv.group_per_step = name.endswith("+grouped")
+        kv.group_per_step = not name.endswith(("+per-key", "+blocking"))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(rank)
@@ -78,9 +79,9 @@ def run(name, args, rank):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--stores", default="compute,horovod,signsgd,signsgd+grouped,"
-                                       "signsgd+blocking,topk,topk+grouped,topk+blocking,"
-                                       "powersgd,powersgd+grouped,acpsgd,acpsgd+grouped")
+    p.add_argument("--stores", default="compute,horovod,signsgd,signsgd+per-key,"
+                                       "signsgd+blocking,topk,topk+per-key,topk+blocking,"
+                                       "powersgd,powersgd+per-key,acpsgd,acpsgd+per-key")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)

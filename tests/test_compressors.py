@@ -51,9 +51,11 @@ RUNS = [
     {"label": "powersgd", "kvstore": "powersgd", "knobs": {"rank": 2}},
     {"label": "powersgd-full", "kvstore": "powersgd", "knobs": {"rank": 64}},
     {"label": "acpsgd", "kvstore": "acpsgd", "knobs": {"rank": 2, "warmup_steps": 1}},
-    {"label": "signsgd-grouped", "kvstore": "signsgd", "group_per_step": True},
-    {"label": "powersgd-grouped", "kvstore": "powersgd", "knobs": {"rank": 2},
-     "group_per_step": True},
+    {"label": "signsgd-per-key", "kvstore": "signsgd", "group_per_step": False},
+    {"label": "powersgd-per-key", "kvstore": "powersgd", "knobs": {"rank": 2},
+     "group_per_step": False},
+    {"label": "acpsgd-frozen", "kvstore": "acpsgd", "knobs": {"rank": 2},
+     "freeze": ["net_conv_bias", "net_hid_weight"]},
     {"label": "api-topk", "kvstore": "topk", "knobs": {"ratio": 1}, "api": True},
     {"label": "api-powersgd", "kvstore": "powersgd", "knobs": {"rank": 8}, "api": True},
 ]
@@ -134,12 +136,24 @@ def test_store_matches_numpy_reference(job, label):
 
 
 @pytest.mark.parametrize("label", ["signsgd", "powersgd"])
-def test_one_group_per_step_is_the_same_rule(job, label):
-    """store.group_per_step = True (one grouped exchange per round) changes nothing
+def test_per_key_exchange_is_the_same_rule(job, label):
+    """store.group_per_step = False (each key exchanged on its own) changes nothing
     but the timing of the collectives."""
     for r in range(2):
-        _assert_close(_weights(job(label + "-grouped")[r]), _weights(job(label)[r]),
-                      EXACT_RTOL, EXACT_ATOL, "%s grouped vs per key, rank %d" % (label, r))
+        _assert_close(_weights(job(label + "-per-key")[r]), _weights(job(label)[r]),
+                      EXACT_RTOL, EXACT_ATOL, "%s per key vs grouped, rank %d" % (label, r))
+
+
+def test_frozen_parameters_do_not_hold_the_group_back(job):
+    """Keys broadcast but never pushed (grad_req='null'): the Trainer's end of
+    _allreduce_grads releases the step's group; the frozen weights stay."""
+    ranks = job("acpsgd-frozen")
+    w_start, w_end = _weights(ranks[0], 0), _weights(ranks[0], -1)
+    for n in ("net_conv_bias", "net_hid_weight"):
+        np.testing.assert_array_equal(w_end[n], w_start[n])
+    assert not np.allclose(w_end["net_out_weight"], w_start["net_out_weight"])
+    _assert_close(_weights(ranks[1]), _weights(ranks[0]), EXACT_RTOL, EXACT_ATOL,
+                  "acpsgd-frozen: rank 1 vs rank 0")
 
 
 @pytest.mark.parametrize("label", ["api-topk", "api-powersgd"])

@@ -1,7 +1,8 @@
 """Worker of tests/test_compressors.py: one horovodrun process, several trainings.
 
 Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
-``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool}`` (with
+``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool,
+"freeze": [names with grad_req='null']}`` (with
 ``"api": true``: check the
 store's ``pushpull`` semantics directly instead of training, see :func:`check_api`).  For every run, in order, the
 process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
@@ -52,10 +53,12 @@ def train(run, rank, out_dir):
     net = make_net()
     params = net.collect_params()
     names = sorted(params)
+    for name in run.get("freeze", ()):
+        params[name].grad_req = "null"
     kvstore = run["kvstore"]
-    if run.get("group_per_step"):
+    if "group_per_step" in run:
         kvstore = mx.kv.create(kvstore)
-        kvstore.group_per_step = True
+        kvstore.group_per_step = run["group_per_step"]
     trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
                             compression_params=run.get("knobs") or None)
     rng = np.random.RandomState(1000 + rank)
@@ -70,7 +73,8 @@ def train(run, rank, out_dir):
             loss = 0.5 * ((net(mx.nd.array(x[t])) - mx.nd.array(y[t])) ** 2).sum()
         loss.backward()
         for n in names:
-            gs[n].append(params[n].grad().asnumpy())
+            gs[n].append(params[n].grad().asnumpy() if params[n].grad_req != "null"
+                         else np.zeros(params[n].shape, np.float32))
         trainer.step(BATCH)
     mx.nd.waitall()
     for n in names:

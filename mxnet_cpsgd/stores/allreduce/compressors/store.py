@@ -43,13 +43,14 @@ class CompressedHorovod(_hvd_store.Horovod):
     """
 
     compressor_class = None
-    #: False (default): every key is exchanged on its own as soon as it is
-    #: pushed (pipelined; Horovod fuses what is ready together).  True: the
-    #: compressed messages of a step are held until the last key of the step
-    #: (every key the Trainer broadcast) is pushed, then exchanged as one
-    #: grouped Horovod operation per round and dtype (scripts/measure_overlap.py
-    #: compares the two).
-    group_per_step = False
+    #: True (default): the compressed messages of a step are held until the
+    #: step's last key is pushed (every key the Trainer broadcast, or the end
+    #: of ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod
+    #: operation per round and dtype.  False: every key is exchanged on its own
+    #: as soon as it is pushed (pipelined with the backward pass; Horovod fuses
+    #: what is ready in the same cycle).  scripts/measure_overlap.py compares
+    #: the two; see docs/algorithms/acpsgd.md, "What overlaps what".
+    group_per_step = True
 
     def __init__(self, config=None):
         name = self.compressor_class.name
@@ -136,6 +137,16 @@ class CompressedHorovod(_hvd_store.Horovod):
             return
         self._pending.append(item)
         if len(self._pending) >= len(self._keys):
+            self.end_of_step()
+
+    def end_of_step(self):
+        """Exchange the messages held for the current step (one group per round).
+
+        Called by the store when every broadcast key has been pushed and by
+        ``gluon.Trainer._allreduce_grads`` after its last ``pushpull`` (so a
+        parameter with ``grad_req='null'`` does not hold the group back).
+        """
+        if self._pending:
             pending, self._pending = self._pending, []
             self._run(pending, "step")
 
@@ -186,6 +197,28 @@ class _Pending:
     def __init__(self, key, buf, outs, step, priority, message):
         self.key, self.buf, self.outs = key, buf, outs
         self.step, self.priority, self.message = step, priority, message
+
+
+def _install_step_end_hook():
+    """Make ``gluon.Trainer._allreduce_grads`` call ``end_of_step()`` on stores that
+    have it, after its last ``pushpull`` (idempotent)."""
+    from mxnet import gluon
+    current = gluon.Trainer._allreduce_grads
+    if getattr(current, "_mxnet_cpsgd_step_end", False):
+        return
+
+    def _allreduce_grads(self):
+        current(self)
+        end = getattr(self._kvstore, "end_of_step", None)
+        if end is not None:
+            end()
+
+    _allreduce_grads._mxnet_cpsgd_step_end = True
+    _allreduce_grads.__wrapped__ = current
+    gluon.Trainer._allreduce_grads = _allreduce_grads
+
+
+_install_step_end_hook()
 
 
 def store_class(compressor):
