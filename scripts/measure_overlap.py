@@ -31,7 +31,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 import mxnet_cpsgd  # noqa: F401
-from mxnet_cpsgd import models
+from mxnet_cpsgd.training import models
 
 
 def blocking_allgather(store):
