@@ -65,6 +65,7 @@ class Collectives:
     def exchange_group(self, messages, name, priority=0):
         """Queue the collectives of several messages of one round as one grouped
         Horovod operation per (collective, dtype); sets every ``message.outputs``.
+        ``name`` must differ between rounds that can be in flight together.
 
         (A grouped all-gather mixing dtypes breaks Gloo's framing in 0.28.1.)
         """
@@ -76,9 +77,9 @@ class Collectives:
             else:
                 m.outputs = m.tensors
             for t, o in zip(m.tensors, m.outputs):
-                groups.setdefault((m.op, m.tag, str(t.dtype)), []).append((t, o))
-        for (op, tag, dtype), pairs in sorted(groups.items()):
-            full = "%s.%s.%s.%s.%s" % (self._prefix, name, op, tag, dtype)
+                groups.setdefault((m.op, str(t.dtype)), []).append((t, o))
+        for (op, dtype), pairs in sorted(groups.items()):
+            full = "%s.%s.%s.%s" % (self._prefix, name, op, dtype)
             tensors = [t for t, _ in pairs]
             if op == ALLREDUCE:
                 self._hvd.grouped_allreduce_(tensors, op=self._hvd.Sum, name=full,

@@ -159,11 +159,14 @@ class CompressedHorovod(_hvd_store.Horovod):
         """Exchange and decompress ``items`` (one key, or the step's group) round by
         round; write every result into its key's buffer."""
         sent = []
+        rounds = 0
         while items:
             if len(items) == 1:
                 self._collectives.exchange(items[0].message, items[0].key, items[0].priority)
             else:
-                self._collectives.exchange_group([i.message for i in items], "group")
+                self._collectives.exchange_group([i.message for i in items],
+                                                 "group%d" % rounds)
+            rounds += 1
             following = []
             for it in items:
                 sent.append((it.message.tensors, it.message.outputs))
