@@ -12,11 +12,14 @@ workers of the decoded gradients, so ``trainer.step(B)`` applies
 Each key counts its own steps; the first ``warmup_steps`` of a key are plain
 all-reduces (as ``horovod``), then the compressor takes over.
 
-Nothing in ``pushpull`` waits: compression, the Horovod collective (all-reduce,
+Nothing in ``pushpull`` waits: compression, the Horovod collectives (all-reduce,
 or all-gather through :class:`~.collectives.Collectives`) and decompression are
-all queued on MXNet's engine, ordered by their data, so one key's exchange
-overlaps the backward pass of the keys still being computed, and Horovod fuses
-the messages that are ready in the same cycle.
+all queued on MXNet's engine, ordered by their data.  Each key's compression
+starts as soon as its gradient is ready (overlapping the rest of the backward
+pass); by default (:attr:`CompressedHorovod.group_per_step`) the step's messages
+are exchanged as one grouped Horovod operation per round, collective and dtype
+once the last key is pushed; with ``group_per_step = False`` each key is
+exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
 """
 import os
 
