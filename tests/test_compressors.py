@@ -28,7 +28,7 @@ import pytest
 
 import compressor_reference as ref
 from reference import SGD
-from test_horovod import TAG_VAR, JOB_TIMEOUT, _env, _kill_tagged, _python_c, _run_group
+from test_horovod import JOB_TIMEOUT, _env, _kill_tagged, _python_c, _run_group
 
 try:
     import pytest_timeout  # noqa: F401

@@ -82,13 +82,3 @@ class ACPSGD(Compressor):
             self._q[key] = total
             out = mx.nd.dot(st["p"], total, transpose_b=True)
         return out.reshape(st["shape"])
-
-    def bytes_per_step(self, key, shape):
-        r = acpsgd_rank(self.config.rank, shape)
-        d = 1
-        for s in shape:
-            d *= s
-        if r is None:
-            return 4 * d
-        n, m = matrix_shape(shape)
-        return 4 * r * n  # P steps; Q steps send 4 * r * m

@@ -79,8 +79,3 @@ class Compressor:
     def dense(tensor, tag="dense"):
         """A message that all-reduces ``tensor`` uncompressed (in place)."""
         return Message([tensor], ALLREDUCE, tag, {"shape": tensor.shape})
-
-    def bytes_per_step(self, key, shape):
-        """Bytes this worker contributes to the collectives for ``key`` per
-        compressed step (payload only, for the docs and the logs)."""
-        raise NotImplementedError

@@ -80,13 +80,3 @@ class PowerSGD(Compressor):
         self.memory.store(key, st["a"] - out / self.num_workers)
         self._q[key] = q_sum / self.num_workers
         return out.reshape(st["shape"])
-
-    def bytes_per_step(self, key, shape):
-        r = powersgd_rank(self.config.rank, shape)
-        if r is None:
-            d = 1
-            for s in shape:
-                d *= s
-            return 4 * d
-        n, m = matrix_shape(shape)
-        return 4 * r * (n + m)

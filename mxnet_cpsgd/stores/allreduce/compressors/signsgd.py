@@ -64,9 +64,3 @@ class SignSGD(Compressor):
         signs = bits * 2 - 1
         total = mx.nd.sum(mx.nd.broadcast_mul(signs, scales.reshape((m, 1))), axis=0)
         return total.reshape(st["shape"])
-
-    def bytes_per_step(self, key, shape):
-        d = 1
-        for s in shape:
-            d *= s
-        return int(math.ceil(d / 8.0)) + 4

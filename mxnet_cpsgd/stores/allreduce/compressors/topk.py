@@ -51,9 +51,3 @@ class TopK(Compressor):
             parts.append(mx.nd.scatter_nd(v, i.reshape((1, k)), shape=(d,)))
         total = parts[0] if len(parts) == 1 else mx.nd.add_n(*parts)
         return total.reshape(st["shape"])
-
-    def bytes_per_step(self, key, shape):
-        d = 1
-        for s in shape:
-            d *= s
-        return 8 * topk_count(self.config.ratio, d)
