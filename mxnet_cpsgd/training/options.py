@@ -144,8 +144,10 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     script's knob defaults that the algorithm accepts.
 
     Raises:
-        UsageError: a knob set on the command line that the algorithm does not use.
+        UsageError: a knob set on the command line that the algorithm does not use,
+            or a value out of its range (checked as the stores check it).
     """
+    from ..stores.config import KNOBS, ConfigError
     accepted = accepted_knobs(args.algorithm)
     user = {k: getattr(args, k) for k in KNOB_FLAGS if getattr(args, k, None) is not None}
     rejected = sorted(k for k in user if k not in accepted)
@@ -157,6 +159,11 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     params = {k: v for k, v in (getattr(args, "knob_defaults", None) or {}).items()
               if k in accepted and v is not None}
     params.update(user)
+    for knob, value in user.items():
+        try:
+            KNOBS[knob][0](KNOB_FLAGS[knob][0], value)
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
     return params
 
 
