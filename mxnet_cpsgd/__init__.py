@@ -1,8 +1,9 @@
 """mxnet-cpsgd: CP-SGD and its family as MXNet parameter-server KVStores.
 
 ``import mxnet_cpsgd`` registers the stores ``ssgd``, ``bitsgd``, ``asgd``,
-``odsgd``, ``cpsgd``, ``ssdsgd`` and ``localsgd`` with MXNet, so that unchanged
-Gluon code selects one by name::
+``odsgd``, ``cpsgd``, ``ssdsgd`` and ``localsgd`` with MXNet, and the all-reduce
+stores over Horovod ``horovod``, ``signsgd``, ``topk``, ``powersgd`` and
+``acpsgd``, so that unchanged Gluon code selects one by name::
 
     trainer = gluon.Trainer(net.collect_params(), 'sgd',
                             {'learning_rate': 0.1, 'momentum': 0.9},
@@ -32,9 +33,10 @@ else:
     from .stores.policies import POLICIES
     from .stores.registry import STORES
     from .stores.allreduce.horovod import Horovod as _Horovod  # imports horovod itself lazily
+    from .stores.allreduce.compressors import STORES as _COMPRESSED_STORES  # likewise
 
     # every store this package registers with MXNet, by name
-    _ALL_STORES = dict(STORES, horovod=_Horovod)
+    _ALL_STORES = dict(STORES, horovod=_Horovod, **_COMPRESSED_STORES)
     ALGORITHMS = tuple(sorted(_ALL_STORES))
 
     # string names of these stores must reach mx.kv.create even with one device per worker

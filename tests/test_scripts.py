@@ -154,6 +154,9 @@ def test_fashion_mnist_two_iterations(tmp_path):
     (["--lr-decay-epoch", "5,2"], "strictly increasing"),
     (["--algorithm", "nosuch"], "invalid choice"),
     (["--lr-convention", "avg"], "invalid choice"),
+    (["--algorithm", "topk", "--ratio", "1.5"], "--ratio must be in (0, 1]"),
+    (["--algorithm", "acpsgd", "--rank", "0"], "--rank must be an integer >= 1, got 0"),
+    (["--algorithm", "topk", "--rank", "2"], "--rank not used by --algorithm topk"),
 ])
 def test_bad_args_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:

@@ -59,6 +59,14 @@ def _optimizer_name(name, value):
     return value.lower()
 
 
+def _ratio(name, value):
+    value = _as_float(name, value)
+    if not 0 < value <= 1:
+        raise ConfigError("%s must be in (0, 1] (the fraction of each tensor's elements "
+                          "sent), got %r" % (name, value))
+    return value
+
+
 def _as_float(name, value):
     if isinstance(value, bool):
         raise ConfigError("%s must be a number, got %r" % (name, value))
@@ -114,6 +122,8 @@ KNOBS = {
     "local_wd": (_nonnegative_float,
                  "weight decay of the local optimizer (cpsgd default 0; odsgd/ssdsgd default "
                  "the Trainer's)"),
+    "ratio": (_ratio, "top-k: fraction of each tensor's elements sent, in (0, 1]"),
+    "rank": (_int_at_least(1), "PowerSGD / ACP-SGD: rank of the low-rank approximation"),
 }
 
 
@@ -145,6 +155,8 @@ class AlgorithmConfig:
             ``'sgd'``; ``odsgd``, ``cpsgd``, ``ssdsgd``).
         local_wd: weight decay of the local optimizer (``cpsgd``: 0; ``odsgd``,
             ``ssdsgd``: the Trainer's).
+        ratio: fraction of each tensor's elements that ``topk`` sends, in (0, 1].
+        rank: rank of the low-rank approximation (``powersgd``, ``acpsgd``), >= 1.
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -157,6 +169,8 @@ class AlgorithmConfig:
     type: Optional[str] = None
     local_optimizer: Optional[str] = None
     local_wd: Optional[float] = None
+    ratio: Optional[float] = None
+    rank: Optional[int] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""

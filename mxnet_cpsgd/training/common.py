@@ -21,7 +21,7 @@ import mxnet as mx
 
 from . import data as data_mod
 from . import models as models_mod
-from .options import (LR_CONVENTIONS, PROJECT_STORES, UsageError, compression_params,
+from .options import (HOROVOD_STORES, LR_CONVENTIONS, PROJECT_STORES, UsageError, compression_params,
                       parse_args, parse_gpus)
 from .logs import logger, setup_logging
 from .loop import reset_batchnorm_stats, train
@@ -56,7 +56,7 @@ def create_kvstore(algorithm: str, num_devices: int = 1):
     """
     if algorithm == "local":
         return "device" if num_devices > 1 else None
-    if algorithm != "horovod" and "DMLC_ROLE" not in os.environ:
+    if algorithm not in HOROVOD_STORES and "DMLC_ROLE" not in os.environ:
         raise UsageError(
             "--algorithm %s needs a distributed job (no DMLC_ROLE in the environment); "
             "start it with: python -m mxnet_cpsgd.launch -n WORKERS -s SERVERS -- "

@@ -16,7 +16,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import data as data_mod
-from .options import PROJECT_STORES, compression_params, parse_lr_decay_epochs
+from .options import PROJECT_STORES, UsageError, compression_params, parse_lr_decay_epochs
 from .logs import EpochLogWriter, logger, rank_path
 from .checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
 
@@ -177,6 +177,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
         loss_sum, loss_count, iterations, comm = 0.0, 0, 0, 0.0
         tic = time.time()
         btic = tic
+        net_tx0 = _iface_tx_bytes(args)
         for i, (data, label) in enumerate(train_data):
             if i < skip:
                 continue  # resumed mid-epoch: these batches were done before
@@ -215,6 +216,13 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
                             epoch, i + 1, speed, metric.get()[1], loss_sum / max(loss_count, 1))
                 btic = time.time()
         epoch_time = time.time() - tic
+        net_tx = _iface_tx_bytes(args)
+        if net_tx is not None and net_tx0 is not None and iterations:
+            logger.info("[Epoch %d] %s sent %d bytes during %d training iterations: "
+                        "%.0f bytes per iteration per worker (all %d workers on %s)",
+                        epoch, args.net_iface, net_tx - net_tx0, iterations,
+                        (net_tx - net_tx0) / float(iterations * num_workers), num_workers,
+                        args.net_iface)
         if not stop:  # the epoch is complete
             state.epoch += 1
             state.epoch_iteration = 0
@@ -249,6 +257,23 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
                             args.algorithm)
     result.state = state
     return result
+
+
+def _iface_tx_bytes(args) -> Optional[int]:
+    """Bytes sent so far by ``--net-iface`` (None without the flag).
+
+    Read from ``/proc/net/dev``, which shows the process's own network namespace
+    (``/sys/class/net`` shows the namespace that mounted /sys).
+    """
+    iface = getattr(args, "net_iface", None)
+    if not iface:
+        return None
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, sep, fields = line.partition(":")
+            if sep and name.strip() == iface:
+                return int(fields.split()[8])  # transmit bytes
+    raise UsageError("--net-iface %s: no such interface in /proc/net/dev" % iface)
 
 
 def _current_lr(schedule, iteration: int, base_lr: float) -> float:

@@ -8,7 +8,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 
 # this project's stores (registered by ``import mxnet_cpsgd``)
-PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod")
+PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod",
+                  "signsgd", "topk", "powersgd", "acpsgd")
+# the stores that run on Horovod (horovodrun, no scheduler or servers)
+HOROVOD_STORES = ("horovod", "signsgd", "topk", "powersgd", "acpsgd")
 # MXNet's own distributed stores, for comparison
 RAW_DIST_STORES = ("dist_sync", "dist_device_sync", "dist_async")
 ALGORITHMS = PROJECT_STORES + ("local",) + RAW_DIST_STORES
@@ -24,6 +27,8 @@ KNOB_FLAGS = {
     "glu_weight": ("--glu-weight", float),
     "local_optimizer": ("--local-optimizer", str),
     "local_wd": ("--local-wd", float),
+    "ratio": ("--ratio", float),
+    "rank": ("--rank", int),
 }
 
 #: --lr-convention: what the servers apply the learning rate to, with M workers
@@ -35,6 +40,7 @@ LR_CONVENTIONS = {
     "mean": "lr x mean gradient over all workers' samples, trainer.step(B*M), "
             "the authors' convention",
 }
+
 
 class UsageError(ValueError):
     """A bad combination of command-line settings."""
@@ -133,6 +139,11 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     g.add_argument("--log-interval", type=int, default=0,
                    help="log every N batches (0: only per epoch)")
     g.add_argument("--quiet", action="store_true", help="only warnings and errors")
+    g.add_argument("--net-iface", default=None, metavar="IFACE",
+                   help="log the bytes network interface IFACE sent during each epoch's "
+                        "training iterations (Linux /proc/net/dev counters of this "
+                        "process's network namespace; meaningful when the job alone "
+                        "uses IFACE, e.g. lo in a private network namespace)")
     p.set_defaults(**{k: v for k, v in defaults.items()})
     return p
 
@@ -142,7 +153,8 @@ def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     if algorithm not in PROJECT_STORES:
         return ()
     from ..stores.policies import POLICIES
-    policy = POLICIES.get(algorithm)
+    from ..stores.allreduce.compressors import COMPRESSORS
+    policy = POLICIES.get(algorithm) or COMPRESSORS.get(algorithm)
     return tuple(sorted(policy.defaults)) if policy is not None else ()
 
 
@@ -151,8 +163,10 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     script's knob defaults that the algorithm accepts.
 
     Raises:
-        UsageError: a knob set on the command line that the algorithm does not use.
+        UsageError: a knob set on the command line that the algorithm does not use,
+            or a value out of its range (checked as the stores check it).
     """
+    from ..stores.config import KNOBS, ConfigError
     accepted = accepted_knobs(args.algorithm)
     user = {k: getattr(args, k) for k in KNOB_FLAGS if getattr(args, k, None) is not None}
     rejected = sorted(k for k in user if k not in accepted)
@@ -164,6 +178,11 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     params = {k: v for k, v in (getattr(args, "knob_defaults", None) or {}).items()
               if k in accepted and v is not None}
     params.update(user)
+    for knob, value in user.items():
+        try:
+            KNOBS[knob][0](KNOB_FLAGS[knob][0], value)
+        except ConfigError as err:
+            raise UsageError(str(err)) from None
     return params
 
 

@@ -1,1 +1,2 @@
-"""All-reduce stores: :mod:`.horovod` (Horovod over Gloo)."""
+"""All-reduce stores: :mod:`.horovod` (Horovod over Gloo) and :mod:`.compressors`
+(signsgd, topk, powersgd, acpsgd on the Horovod store)."""

@@ -1,0 +1,238 @@
+"""The compressing all-reduce stores: the ``horovod`` store with a compressor.
+
+:class:`CompressedHorovod` keeps everything of
+:class:`~mxnet_cpsgd.stores.allreduce.horovod.Horovod` (rank 0's broadcast of the initial
+weights, the optimizer on every worker, dense parameters only, several devices
+summed first) and replaces the all-reduce of ``pushpull`` by its compressor's
+rounds of communication.  ``pushpull(key, g)`` leaves in ``g`` the sum over the
+workers of the decoded gradients, so ``trainer.step(B)`` applies
+``Opt(w, sum_i decode(msg_i) / B)`` exactly as ``horovod`` and ``ssgd`` apply
+``Opt(w, sum_i g_i / B)``.
+
+Each key counts its own steps; the first ``warmup_steps`` of a key are plain
+all-reduces (as ``horovod``), then the compressor takes over.
+
+Nothing in ``pushpull`` waits: compression, the Horovod collectives (all-reduce,
+or all-gather through :class:`~.collectives.Collectives`) and decompression are
+all queued on MXNet's engine, ordered by their data.  Each key's compression
+starts as soon as its gradient is ready (overlapping the rest of the backward
+pass); by default (:attr:`CompressedHorovod.group_per_step`) the step's messages
+are exchanged as one grouped Horovod operation per round, collective and dtype
+once the last key is pushed; with ``group_per_step = False`` each key is
+exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
+"""
+import os
+
+import mxnet as mx
+
+from ... import config as config_mod
+from .. import horovod as _hvd_store
+from .collectives import Collectives
+from .message import Message
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class CompressedHorovod(_hvd_store.Horovod):
+    """A Horovod store whose ``pushpull`` compresses (subclasses set
+    :attr:`compressor_class`).
+
+    Args:
+        config: an :class:`~mxnet_cpsgd.config.AlgorithmConfig` for this store,
+            a dict of knobs, or None.  Knobs also come from ``MXNET_CPSGD_*``
+            and from the Trainer's ``compression_params`` (highest precedence).
+    """
+
+    compressor_class = None
+    #: True (default): the compressed messages of a step are held until the
+    #: step's last key is pushed (every key the Trainer broadcast, or the end
+    #: of ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod
+    #: operation per round and dtype.  False: every key is exchanged on its own
+    #: as soon as it is pushed (pipelined with the backward pass; Horovod fuses
+    #: what is ready in the same cycle).  scripts/measure_overlap.py compares
+    #: the two; see docs/algorithms/acpsgd.md, "What overlaps what".
+    group_per_step = True
+
+    def __init__(self, config=None):
+        name = self.compressor_class.name
+        if isinstance(config, config_mod.AlgorithmConfig):
+            if config.algorithm.lower() != name:
+                raise config_mod.ConfigError(
+                    "config is for algorithm %r but the store is %r" % (config.algorithm, name))
+            config = config.knobs()
+        self._explicit = dict(config or {})
+        # validate before importing Horovod: a bad knob fails without it
+        self._config = config_mod.resolve(name, self.compressor_class.defaults,
+                                          self._explicit, os.environ)
+        try:
+            hvd = _hvd_store._import_horovod()
+        except ImportError as err:
+            raise ImportError(str(err).replace("kvstore '%s'" % _hvd_store.NAME,
+                                               "kvstore '%s'" % name, 1)) from None
+        hvd.init()
+        self._hvd = hvd
+        self._prefix = "mxnet_cpsgd.%d" % _hvd_store._instances[0]
+        _hvd_store._instances[0] += 1
+        self._collectives = Collectives(hvd, self._prefix)
+        self._compressor = self.compressor_class(self._config, hvd.size())
+        self._steps = {}
+        self._in_flight = {}
+        self._keys = set()
+        self._pending = []
+
+    @property
+    def type(self):
+        return self.compressor_class.name
+
+    @property
+    def compressor(self):
+        """The :class:`~.base.Compressor` (error-feedback memory, factors)."""
+        return self._compressor
+
+    def set_gradient_compression(self, compression_params):
+        """Apply the Trainer's ``compression_params`` (validated like the other stores)."""
+        if not isinstance(compression_params, dict):
+            raise config_mod.ConfigError("compression_params must be a dict, got %r"
+                                         % (compression_params,))
+        if any(self._steps.values()):
+            raise RuntimeError("kvstore '%s': set compression_params before the first "
+                               "pushpull" % self.type)
+        merged = dict(self._explicit, **compression_params)
+        self._config = config_mod.resolve(self.type, self.compressor_class.defaults,
+                                          merged, os.environ)
+        self._compressor = self.compressor_class(self._config, self.num_workers)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Sum over workers of the decoded compressed gradients into ``out``
+        (default: ``value``).  Asynchronous: only queues engine operations."""
+        keys = _as_list(key)
+        if len(keys) != 1:
+            outs = _as_list(out) if out is not None else [None] * len(keys)
+            for k, v, o in zip(keys, _as_list(value), outs):
+                self.pushpull(k, v, o, priority)
+            return
+        key = keys[0]
+        grads = _as_list(value)
+        outs = _as_list(out) if out is not None else grads
+        _hvd_store._check_dense(key, grads + outs)
+        buf = outs[0] if out is not None else grads[0]
+        if len(grads) > 1:
+            mx.nd.add_n(*[g.as_in_context(buf.context) for g in grads], out=buf)
+        elif grads[0] is not buf:
+            grads[0].copyto(buf)
+
+        count = self._steps.get(key, 0)
+        self._steps[key] = count + 1
+        warmup = self._config.warmup_steps or 0
+        if count < warmup:
+            self._hvd.allreduce_(buf, op=self._hvd.Sum, name="%s.grad.%s" % (self._prefix, key),
+                                 priority=priority)
+            for o in outs[1:]:
+                buf.copyto(o)
+            return
+        step = count - warmup
+        item = _Pending(key, buf, outs[1:], step, priority,
+                        self._compressor.compress(key, buf, step))
+        if not self.group_per_step:
+            self._run([item], key)
+            return
+        self._pending.append(item)
+        if len(self._pending) >= len(self._keys):
+            self.end_of_step()
+
+    def end_of_step(self):
+        """Exchange the messages held for the current step (one group per round).
+
+        Called by the store when every broadcast key has been pushed and by
+        ``gluon.Trainer._allreduce_grads`` after its last ``pushpull`` (so a
+        parameter with ``grad_req='null'`` does not hold the group back).
+        """
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._run(pending, "step")
+
+    def broadcast(self, key, value, out, priority=0):
+        """As ``horovod``; also records the keys (one group per step needs them)."""
+        self._keys.update(_as_list(key))
+        super().broadcast(key, value, out, priority)
+
+    def _run(self, items, slot):
+        """Exchange and decompress ``items`` (one key, or the step's group) round by
+        round; write every result into its key's buffer."""
+        sent = []
+        rounds = 0
+        while items:
+            if len(items) == 1:
+                self._collectives.exchange(items[0].message, items[0].key, items[0].priority)
+            else:
+                self._collectives.exchange_group([i.message for i in items],
+                                                 "group%d" % rounds)
+            rounds += 1
+            following = []
+            for it in items:
+                sent.append((it.message.tensors, it.message.outputs))
+                result = self._compressor.decompress(it.key, it.message, it.step)
+                if isinstance(result, Message):
+                    it.message = result
+                    following.append(it)
+                    continue
+                if result is not it.buf:
+                    result.copyto(it.buf)
+                for o in it.outs:
+                    it.buf.copyto(o)
+            items = following
+        # Horovod's queued operations hold raw pointers to these NDArrays, and MXNet
+        # frees an NDArray with its Python object: keep the arrays of the last two
+        # steps; before letting older ones go, wait for their collectives (in a
+        # training loop they finished long ago, so this does not block: step t+1's
+        # weights depend on them)
+        older, last = self._in_flight.get(slot, (None, None))
+        for _, outputs in older or ():
+            for a in outputs:
+                a.wait_to_read()
+        self._in_flight[slot] = (last, sent)
+
+
+class _Pending:
+    """One key's compressed step on its way through the rounds of communication."""
+
+    __slots__ = ("key", "buf", "outs", "step", "priority", "message")
+
+    def __init__(self, key, buf, outs, step, priority, message):
+        self.key, self.buf, self.outs = key, buf, outs
+        self.step, self.priority, self.message = step, priority, message
+
+
+def _install_step_end_hook():
+    """Make ``gluon.Trainer._allreduce_grads`` call ``end_of_step()`` on stores that
+    have it, after its last ``pushpull`` (idempotent)."""
+    from mxnet import gluon
+    current = gluon.Trainer._allreduce_grads
+    if getattr(current, "_mxnet_cpsgd_step_end", False):
+        return
+
+    def _allreduce_grads(self):
+        current(self)
+        end = getattr(self._kvstore, "end_of_step", None)
+        if end is not None:
+            end()
+
+    _allreduce_grads._mxnet_cpsgd_step_end = True
+    _allreduce_grads.__wrapped__ = current
+    gluon.Trainer._allreduce_grads = _allreduce_grads
+
+
+_install_step_end_hook()
+
+
+def store_class(compressor):
+    """The registered store class of ``compressor`` (named like it, lower case)."""
+    cls = type(compressor.__name__, (CompressedHorovod,), {
+        "compressor_class": compressor,
+        "__doc__": "kvstore '%s': %s\n\n%s" % (
+            compressor.name, (compressor.__doc__ or "").strip(), CompressedHorovod.__doc__),
+        "__module__": __name__,
+    })
+    return cls

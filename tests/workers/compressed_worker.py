@@ -1,0 +1,129 @@
+"""Worker of tests/test_compressors.py: one horovodrun process, several trainings.
+
+Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
+``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool,
+"freeze": [names with grad_req='null']}`` (with
+``"api": true``: check the
+store's ``pushpull`` semantics directly instead of training, see :func:`check_api`).  For every run, in order, the
+process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
+so it has 4-D, 2-D and 1-D parameters) from ``RandomState(SEED)`` (the same on
+every rank), trains it for ITERATIONS steps of ``trainer.step(BATCH)`` with SGD
+(momentum, wd) on rank-dependent random data (``RandomState(1000 + rank)``), and
+records, per step, the weights before the step and the gradient MXNet computed
+there (summed over the batch, before ``pushpull``), plus the final weights.
+
+Output: ``OUT_DIR/<label>-rank<r>.npz`` with ``w:<param>`` of shape
+``(ITERATIONS + 1, ...)``, ``g:<param>`` of shape ``(ITERATIONS, ...)`` and
+``keys``: the parameter names in the Trainer's key order.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import mxnet_cpsgd  # noqa: F401  (registers the stores)
+
+ITERATIONS = 12
+BATCH = 4
+SEED = 3
+OPTIMIZER = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}
+IN_SHAPE = (2, 6, 6)
+OUT = 5
+
+
+def make_net():
+    net = gluon.nn.HybridSequential(prefix="net_")
+    with net.name_scope():
+        net.add(gluon.nn.Conv2D(8, kernel_size=3, in_channels=2, activation="tanh",
+                                prefix="conv_"))
+        net.add(gluon.nn.Flatten())
+        net.add(gluon.nn.Dense(24, in_units=8 * 4 * 4, activation="tanh", prefix="hid_"))
+        net.add(gluon.nn.Dense(OUT, in_units=24, prefix="out_"))
+    net.initialize(mx.init.Zero())
+    rng = np.random.RandomState(SEED)
+    for name, param in sorted(net.collect_params().items()):
+        param.set_data(mx.nd.array(rng.uniform(-0.5, 0.5, param.shape).astype(np.float32)))
+    return net
+
+
+def train(run, rank, out_dir):
+    net = make_net()
+    params = net.collect_params()
+    names = sorted(params)
+    for name in run.get("freeze", ()):
+        params[name].grad_req = "null"
+    kvstore = run["kvstore"]
+    if "group_per_step" in run:
+        kvstore = mx.kv.create(kvstore)
+        kvstore.group_per_step = run["group_per_step"]
+    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
+                            compression_params=run.get("knobs") or None)
+    rng = np.random.RandomState(1000 + rank)
+    x = rng.randn(ITERATIONS, BATCH, *IN_SHAPE).astype(np.float32)
+    y = rng.randn(ITERATIONS, BATCH, OUT).astype(np.float32)
+    ws = {n: [] for n in names}
+    gs = {n: [] for n in names}
+    for t in range(ITERATIONS):
+        for n in names:
+            ws[n].append(params[n].data().asnumpy())
+        with autograd.record():
+            loss = 0.5 * ((net(mx.nd.array(x[t])) - mx.nd.array(y[t])) ** 2).sum()
+        loss.backward()
+        for n in names:
+            gs[n].append(params[n].grad().asnumpy() if params[n].grad_req != "null"
+                         else np.zeros(params[n].shape, np.float32))
+        trainer.step(BATCH)
+    mx.nd.waitall()
+    for n in names:
+        ws[n].append(params[n].data().asnumpy())
+    store = trainer._kvstore
+    assert store is not None and store.type == run["kvstore"], store
+    assert trainer._update_on_kvstore is False
+    arrays = {"w:" + n: np.stack(ws[n]) for n in names}
+    # the Trainer's key of every parameter (its index in trainer._params)
+    arrays["keys"] = np.array([p.name for p in trainer._params])
+    arrays.update({"g:" + n: np.stack(gs[n]) for n in names})
+    np.savez(os.path.join(out_dir, "%s-rank%d.npz" % (run["label"], rank)), **arrays)
+    print("done %s rank=%d" % (run["label"], rank), flush=True)
+
+
+def check_api(run, rank, size):
+    """pushpull semantics of a store whose result is the exact sum (topk ratio=1,
+    powersgd with a large rank): devices summed first, ``out=``, lists of keys,
+    float64; every rank r contributes r + 1."""
+    store = mx.kv.create(run["kvstore"])
+    store.set_gradient_compression(run.get("knobs") or {})
+    total = size * (size + 1) / 2.0
+    g0 = mx.nd.full((3, 4), rank + 1, ctx=mx.cpu(0))
+    g1 = mx.nd.full((3, 4), 10 * (rank + 1), ctx=mx.cpu(1))
+    store.pushpull(0, [g0, g1])
+    for a in (g0, g1):
+        assert (a.asnumpy() == 11 * total).all(), a
+    v = mx.nd.full((5, 2), rank + 1)
+    o0, o1 = mx.nd.zeros((5, 2)), mx.nd.zeros((5, 2))
+    store.pushpull(1, v, out=[o0, o1])
+    assert (v.asnumpy() == rank + 1).all()
+    assert (o0.asnumpy() == total).all() and (o1.asnumpy() == total).all()
+    a, b = mx.nd.full((2,), rank + 1), mx.nd.full((6, 3), 2 * (rank + 1), dtype="float64")
+    store.pushpull([2, 3], [a, b])
+    assert (a.asnumpy() == total).all() and (b.asnumpy() == 2 * total).all(), (a, b)
+    print("api ok %s rank=%d" % (run["label"], rank), flush=True)
+
+
+def main():
+    out_dir, runs = sys.argv[1], json.loads(sys.argv[2])
+    import horovod.mxnet as hvd
+    hvd.init()
+    mx.random.seed(7)
+    for run in runs:
+        if run.get("api"):
+            check_api(run, hvd.rank(), hvd.size())
+        else:
+            train(run, hvd.rank(), out_dir)
+
+
+if __name__ == "__main__":
+    main()
