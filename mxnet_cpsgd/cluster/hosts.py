@@ -1,7 +1,7 @@
 """Emulated machines on one Linux machine (root only), for tests and benchmarks.
 
 :class:`EmulatedHosts` builds ``1 + N`` network namespaces joined by a bridge
-(:class:`mxnet_cpsgd.netem.EmulatedNetwork`, links unshaped or shaped to a
+(:class:`mxnet_cpsgd.cluster.netem.EmulatedNetwork`, links unshaped or shaped to a
 rate): namespace 0 is the *launching machine* (where ``cpsgd-launch`` or
 MXNet's tools/launch.py runs and, by default, the scheduler), namespaces
 1..N are the *hosts*, each running its own ``sshd`` on port 22 of its own

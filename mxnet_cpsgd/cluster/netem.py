@@ -18,7 +18,7 @@ process still inside its namespaces).  It runs on leaving the ``with`` block,
 at interpreter exit (atexit) and on SIGTERM/SIGHUP (turned into
 ``SystemExit`` while a network is up, unless the program has its own
 handler).  Only a SIGKILL of the owning process can leave anything behind;
-``python -m mxnet_cpsgd.netem --list`` / ``--cleanup`` finds and removes such
+``python -m mxnet_cpsgd.cluster.netem --list`` / ``--cleanup`` finds and removes such
 leftovers.
 
 Example::
@@ -478,17 +478,17 @@ def _close_all() -> None:
         try:
             net.close()
         except Exception as err:  # atexit: report, go on with the others
-            print("mxnet_cpsgd.netem: %s" % err, file=sys.stderr)
+            print("mxnet_cpsgd.cluster.netem: %s" % err, file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mxnet_cpsgd.netem --list|--cleanup``.
+    """``python -m mxnet_cpsgd.cluster.netem --list|--cleanup``.
 
     Args:
         argv: arguments (default ``sys.argv[1:]``).
     """
     parser = argparse.ArgumentParser(
-        prog="python -m mxnet_cpsgd.netem",
+        prog="python -m mxnet_cpsgd.cluster.netem",
         description="List or remove namespaces/links left by emulated networks "
                     "(only after a launcher was SIGKILLed; --cleanup also "
                     "removes those of jobs still running).")

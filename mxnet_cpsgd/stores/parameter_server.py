@@ -117,7 +117,7 @@ class PolicyStore(mx.kv.KVStoreBase):
     """Base class of the registered stores; a subclass names its policy.
 
     Args:
-        config: optional :class:`~mxnet_cpsgd.config.AlgorithmConfig` (or dict of
+        config: optional :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig` (or dict of
             knobs); the Trainer's ``compression_params`` override it, and it
             overrides ``MXNET_CPSGD_*`` environment variables.
     """
@@ -163,7 +163,7 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     @property
     def config(self):
-        """The resolved :class:`~mxnet_cpsgd.config.AlgorithmConfig`."""
+        """The resolved :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig`."""
         return self._config
 
     def set_gradient_compression(self, compression_params):

@@ -13,7 +13,7 @@ def _store_class(policy):
     # MXNet registers a store under its class name in lower case
     cls = type(policy.__name__, (PolicyStore,), {
         "policy_class": policy,
-        "__doc__": "KVStore running %s (see mxnet_cpsgd.policies.%s).\n\n%s"
+        "__doc__": "KVStore running %s (see mxnet_cpsgd.stores.policies.%s).\n\n%s"
                    % (policy.name, policy.name, PolicyStore.__doc__),
         "__module__": __name__,
     })

@@ -86,7 +86,7 @@ class Horovod(mx.kv.KVStoreBase):
     worker creates them in the same order.
 
     Args:
-        config: optional :class:`~mxnet_cpsgd.config.AlgorithmConfig` for
+        config: optional :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig` for
             ``'horovod'`` (it has no knobs) or an empty dict; accepted so that
             the store is built like the other stores.
     """
@@ -107,7 +107,7 @@ class Horovod(mx.kv.KVStoreBase):
 
     @property
     def config(self):
-        """The resolved :class:`~mxnet_cpsgd.config.AlgorithmConfig` (no knobs)."""
+        """The resolved :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig` (no knobs)."""
         return self._config
 
     def set_gradient_compression(self, compression_params):

@@ -3,7 +3,7 @@
 A policy answers, for iteration ``t`` (counted from 0, warm-up included), three
 questions: what is pushed to the parameter servers, when the new global weights
 are pulled, and how the worker's own weights move.  The store
-(:class:`mxnet_cpsgd.store.PolicyStore`) carries the answer out with MXNet's
+(:class:`mxnet_cpsgd.stores.parameter_server.PolicyStore`) carries the answer out with MXNet's
 KVStore; a new algorithm is a new policy.
 """
 import enum

@@ -52,7 +52,7 @@ class Compressor:
     :meth:`compress` and :meth:`decompress`.
 
     Args:
-        config: the resolved :class:`~mxnet_cpsgd.config.AlgorithmConfig`.
+        config: the resolved :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig`.
         num_workers: M, the number of Horovod processes.
     """
 

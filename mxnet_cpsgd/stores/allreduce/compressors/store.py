@@ -40,7 +40,7 @@ class CompressedHorovod(_hvd_store.Horovod):
     :attr:`compressor_class`).
 
     Args:
-        config: an :class:`~mxnet_cpsgd.config.AlgorithmConfig` for this store,
+        config: an :class:`~mxnet_cpsgd.stores.config.AlgorithmConfig` for this store,
             a dict of knobs, or None.  Knobs also come from ``MXNET_CPSGD_*``
             and from the Trainer's ``compression_params`` (highest precedence).
     """
