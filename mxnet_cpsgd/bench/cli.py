@@ -115,7 +115,19 @@ def _parser():
                    help="lenet, resnet20 (cifar_resnet20_v1, default), inception-bn "
                         "(cifar_inception_bn), resnet50 (resnet50_v1); synthetic data")
     p.add_argument("-n", "--num-workers", type=int, default=2)
-    p.add_argument("-s", "--num-servers", type=int, default=1)
+    p.add_argument("-s", "--num-servers", type=int, default=None,
+                   help="servers (default: one per worker with --placement colocated, "
+                        "1 with separate)")
+    p.add_argument("--placement", choices=("colocated", "separate"), default="colocated",
+                   help="colocated (default): one emulated host per worker, running that "
+                        "worker and one server (the scheduler on host 0), as MXNet's "
+                        "tools/launch.py deploys a cluster; separate: every node on its "
+                        "own host (the servers' links carry every worker's traffic)")
+    p.add_argument("--emulate-compute", type=float, default=0.0, metavar="MS",
+                   help="an emulated accelerator: forward/backward replaced by engine "
+                        "waits totalling MS ms per iteration that release each layer's "
+                        "gradients in reverse order (time per layer in proportion to its "
+                        "forward FLOPs); stores, servers, network are real")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--rates", default="none,1gbit,100mbit",
                    help="comma-separated: none (namespaces, unshaped), loopback, or tc "
@@ -169,6 +181,10 @@ def _validate(args):
     if args.model not in WORKLOADS:
         raise BenchError("unknown model %r; known: %s" % (args.model, ", ".join(
             sorted(set(MODEL_ALIASES)))))
+    if args.num_servers is None:
+        args.num_servers = args.num_workers if args.placement == "colocated" else 1
+    if args.emulate_compute < 0:
+        raise BenchError("--emulate-compute must be >= 0")
     if args.num_workers < 1 or args.num_servers < 1 or args.batch_size < 1:
         raise BenchError("workers, servers and batch size must be >= 1")
     if args.engine_threads < 1:
@@ -190,8 +206,11 @@ def _validate(args):
             raise BenchError("--worker-setup %s: no such file" % args.worker_setup)
         import runpy
         runpy.run_path(args.worker_setup, run_name="cpsgd_bench_setup")
+    from mxnet_cpsgd.bench.worker import is_allreduce
     known = sorted(name for name, cls in mx.kv.KVStoreBase.kv_registry.items()
-                   if getattr(cls, "policy_class", None) is not None)
+                   if getattr(cls, "policy_class", None) is not None or is_allreduce(cls))
+    args.allreduce_algorithms = sorted(name for name in known
+                                       if is_allreduce(mx.kv.KVStoreBase.kv_registry[name]))
     args.algorithm_list = parse_list(args.algorithms)
     unknown = [a for a in args.algorithm_list if a not in known and a != STOCK_SYNC]
     if unknown or not args.algorithm_list:
@@ -311,7 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rows, compute_ms = analyse(runs, args.num_servers)
     config = {k: getattr(args, k) for k in (
-        "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
+        "placement", "emulate_compute", "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
         "algo_warmup_steps", "threshold", "correction_period", "timeline", "repeats",
         "timeline_iters", "unshaped_rate", "engine_threads")}
     config.update({"rates": rates, "algorithms": args.algorithm_list, "none_mode": none_mode,

@@ -21,7 +21,7 @@ MODEL_ALIASES = {
     "cifar_inception_bn": "cifar_inception_bn",
     "resnet50": "resnet50_v1", "resnet50_v1": "resnet50_v1",
 }
-DEFAULT_ALGORITHMS = "ssgd,bitsgd,odsgd,cpsgd"
+DEFAULT_ALGORITHMS = "ssgd,bitsgd,odsgd,cpsgd,horovod"
 UNSHAPED = ("none", "loopback")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -80,6 +80,14 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
                "--threshold", str(args.threshold),
                "--correction-period", str(args.correction_period),
                "--num-servers", str(args.num_servers), "--out-dir", run_dir]
+    allreduce = algorithm in getattr(args, "allreduce_algorithms", ())
+    placement = getattr(args, "placement", "separate")
+    emulate_ms = getattr(args, "emulate_compute", 0.0) or 0.0
+    num_hosts, _ = launch.host_of_nodes(args.num_workers, args.num_servers, placement,
+                                        allreduce)
+    command += ["--placement", placement, "--num-hosts", str(num_hosts)]
+    if emulate_ms > 0:
+        command += ["--emulate-compute", repr(emulate_ms)]
     if use_netns:
         command += ["--netns", "--root-netns-pid", str(os.getpid())]
     if args.worker_setup:
@@ -93,13 +101,18 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
         emulate = args.unshaped_rate if use_netns else None  # nothing to shape
     env = dict(THREAD_ENV)
     env["MXNET_CPU_WORKER_NTHREADS"] = str(args.engine_threads)
+    if allreduce:
+        # Gloo gives up after 30 s by default; a loaded machine can take longer
+        # to import MXNet in one worker than in another
+        env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
     load_before = os.getloadavg()
     started = time.time()
     try:
         result = launch.run_job(command, args.num_workers, args.num_servers, env=env,
                                 timeout=30, job_timeout=args.job_timeout,
                                 emulate_network=emulate,
-                                log_dir=os.path.join(run_dir, "logs"), stream=stream)
+                                log_dir=os.path.join(run_dir, "logs"), stream=stream,
+                                placement=placement, allreduce=allreduce)
     except (launch.LaunchError, netem.NetemError) as err:
         # nothing of this job runs any more (run_job cleans up before raising)
         result = launch.JobResult(1, "", "could not start the job: %s" % err)
@@ -117,6 +130,8 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
         tail = "\n".join(result.output.splitlines()[-15:])
         failure = "%s\n%s" % (failure, tail)
     return {"rate": rate, "algorithm": algorithm, "emulate_network": emulate,
+            "placement": placement, "allreduce": allreduce, "emulate_compute_ms": emulate_ms,
+            "num_hosts": num_hosts,
             "run_dir": run_dir, "failure": failure, "returncode": result.returncode,
             "elapsed_s": elapsed, "load_before": list(load_before),
             "load_after": list(os.getloadavg()), "workers": workers}

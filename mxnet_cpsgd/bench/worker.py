@@ -67,6 +67,14 @@ def _parser():
                    help="a process in the root network namespace (the bench itself), to "
                         "read the links' receive-side tbf counters through")
     p.add_argument("--profile-iters", type=int, default=0)
+    p.add_argument("--emulate-compute", type=float, default=0.0, metavar="MS",
+                   help="replace forward/backward by engine waits totalling MS ms per "
+                        "iteration, releasing each layer's gradients in reverse order "
+                        "(mxnet_cpsgd.bench.emulate); 0 (default): real compute")
+    p.add_argument("--placement", default="separate", choices=("separate", "colocated"),
+                   help="how the job's nodes sit on the emulated hosts (for the counters)")
+    p.add_argument("--num-hosts", type=int, default=None,
+                   help="emulated hosts (namespaces) of the job, for the tbf drop counters")
     p.add_argument("--setup", default=None,
                    help="a Python file run in every worker after importing mxnet_cpsgd, "
                         "before the store is created")
@@ -232,6 +240,48 @@ def _store_class(algorithm):
     return cls
 
 
+def _any_store_class(algorithm):
+    import mxnet as mx
+    cls = mx.kv.KVStoreBase.kv_registry.get(algorithm)
+    if cls is None:
+        raise SystemExit("bench worker: %r is not a registered store" % algorithm)
+    return cls
+
+
+def is_allreduce(cls) -> bool:
+    """Whether a store class is an all-reduce (Horovod) store: ``horovod`` and
+    the compressors built on it (they run as Horovod/Gloo jobs, not ps-lite)."""
+    if getattr(cls, "policy_class", None) is not None:
+        return False
+    try:
+        from mxnet_cpsgd.stores.allreduce.horovod import Horovod
+        if issubclass(cls, Horovod):
+            return True
+    except ImportError:
+        pass
+    module = getattr(cls, "__module__", "")
+    return module.startswith(("mxnet_cpsgd.stores.allreduce", "mxnet_cpsgd.compressors"))
+
+
+def _wait_for_rendezvous(timeout=120.0):
+    """Wait until the job's Horovod rendezvous service accepts connections (it
+    starts together with the workers)."""
+    import socket
+    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if not addr or not port:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((addr, int(port)), timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _knobs(algorithm, args):
     defaults = _store_class(algorithm).policy_class.defaults
     knobs = {}
@@ -283,14 +333,27 @@ def _main(args):
         store = mx.kv.create("dist_sync")
         barrier_kv = None
         knobs = {}
+    elif is_allreduce(_any_store_class(args.algorithm)):
+        _wait_for_rendezvous()
+        knobs = {}
+        store = _any_store_class(args.algorithm)(knobs)
+        barrier_kv = None
     else:
         knobs = _knobs(args.algorithm, args)
         store = _store_class(args.algorithm)(knobs)
         barrier_kv = None
+    allreduce = store is not None and is_allreduce(type(store))
     rank = int((barrier_kv or store).rank)
 
     net = models.get_model(args.model, classes=classes)
-    num_params = models.initialize(net, shape, [mx.cpu()], seed=0)
+    emulated = None
+    if args.emulate_compute > 0:
+        from mxnet_cpsgd.bench.emulate import EmulatedCompute
+        num_params = models.initialize(net, shape, [mx.cpu()], hybridize=False, seed=0)
+        emulated = EmulatedCompute(net, shape, args.batch_size, args.emulate_compute,
+                                   seed=1 + rank)
+    else:
+        num_params = models.initialize(net, shape, [mx.cpu()], seed=0)
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-4},
                             kvstore=store)
@@ -312,14 +375,22 @@ def _main(args):
 
     def barrier():
         mx.nd.waitall()
-        native_kv()._barrier()
+        if allreduce:
+            flag = mx.nd.ones((1,))
+            store._hvd.allreduce_(flag, name="cpsgd-bench.barrier")
+            flag.wait_to_read()
+        else:
+            native_kv()._barrier()
 
     def iterate(count, times=None, step_times=None):
         prev = time.perf_counter()
         for _ in range(count):
-            with autograd.record():
-                loss = loss_fn(net(data), label)
-            loss.backward()
+            if emulated is not None:
+                loss = emulated.iteration()
+            else:
+                with autograd.record():
+                    loss = loss_fn(net(data), label)
+                loss.backward()
             before_step = time.perf_counter()
             trainer.step(step_batch)
             after_step = time.perf_counter()
@@ -334,13 +405,17 @@ def _main(args):
     iterate(args.warmup_iters)
     warmup_s = time.perf_counter() - t_setup
 
-    servers = server_namespaces(args.num_servers) if (args.netns and rank == 0) else []
-    peers = job_peers() if rank == 0 else {}
+    # separate placement: the servers' own links; colocated: a worker's eth0 is
+    # its host's link, which its server shares
+    servers = (server_namespaces(args.num_servers)
+               if (args.netns and rank == 0 and args.placement == "separate"
+                   and not allreduce) else [])
+    peers = job_peers() if rank == 0 and not allreduce else {}
     barrier()
     before = read_counters() if args.netns else None
     server_before = read_server_counters(servers) if servers else None
     job = job_namespaces()[0] if (args.netns and rank == 0 and args.root_netns_pid) else None
-    num_nodes = 1 + args.num_servers + num_workers
+    num_nodes = args.num_hosts or (1 + args.num_servers + num_workers)
     drops_before = read_drops(job, num_nodes, args.root_netns_pid) if job else None
     peer_cpu_before = {pid: cpu_seconds(pid) for pid in peers}
     system_before = system_cpu_seconds()
@@ -405,6 +480,10 @@ def _main(args):
         "vmhwm_kb": hwm,
         "vmrss_kb": rss,
         "profile": profile,
+        "emulate_compute_ms": args.emulate_compute,
+        "emulated_layers": emulated.describe() if emulated is not None else None,
+        "placement": args.placement,
+        "allreduce": allreduce,
         "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
                                                    "MXNET_CPU_WORKER_NTHREADS")},
     }
@@ -415,6 +494,12 @@ def _main(args):
     print("bench worker %d: %s median %.1f ms over %d iterations"
           % (rank, args.algorithm, 1e3 * sorted(times)[len(times) // 2] if times else 0,
              len(times)))
+    if allreduce:
+        mx.nd.waitall()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        store._hvd.shutdown()
+        os._exit(0)
     _fast_exit(mx, native_kv())
 
 

@@ -393,6 +393,8 @@ class _Job:
     def _finish(self, others: List[_Node]) -> Tuple[int, Optional[str]]:
         """All workers exited 0: give servers/scheduler a moment to exit."""
         deadline = time.monotonic() + min(_SHUTDOWN_WAIT_S, self.timeout / 2)
+        # an all-reduce job's rendezvous service serves until it is stopped
+        others = [n for n in others if n.role != "rendezvous"]
         while time.monotonic() < deadline and self.signal_received is None:
             if all(self._poll(n) for n in others):
                 break
@@ -463,39 +465,98 @@ def _kill_live_jobs() -> None:
         job.kill_now()
 
 
+#: placements of a job's nodes on emulated hosts (namespaces)
+PLACEMENTS = ("separate", "colocated")
+
+
+def host_of_nodes(num_workers: int, num_servers: int, placement: str = "separate",
+                  allreduce: bool = False) -> Tuple[int, List[int]]:
+    """(number of hosts, host index of every node) for a placement.
+
+    Nodes are ordered scheduler (or, for an all-reduce job, the rendezvous
+    service), servers 0..S-1 (none for all-reduce), workers 0..M-1.
+
+    * ``separate``: every node on its own host (1 + S + M hosts; an all-reduce
+      job: the rendezvous service on host 0, worker i on host 1 + i);
+    * ``colocated``: one host per worker, as MXNet's tools/launch.py deploys a
+      cluster: worker i and server i on host i (server j on host j mod M), the
+      scheduler (or rendezvous service) on host 0.
+    """
+    if placement not in PLACEMENTS:
+        raise LaunchError("placement must be one of %s, got %r" % (", ".join(PLACEMENTS),
+                                                                   placement))
+    servers = 0 if allreduce else num_servers
+    if placement == "separate":
+        return 1 + servers + num_workers, list(range(1 + servers + num_workers))
+    hosts = [0] + [j % num_workers for j in range(servers)] + list(range(num_workers))
+    return num_workers, hosts
+
+
+#: how an all-reduce worker runs in its emulated host: its own UTS namespace with
+#: the host's address as host name (Horovod 0.28.1 opens its Gloo connections to
+#: the host *name*, and every namespace shares the machine's name otherwise)
+_UTS_WRAP = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"']
+
+
 def _build_nodes(command: List[str], num_workers: int, num_servers: int,
                  env: Mapping[str, str], port: int,
-                 network: Optional[netem.EmulatedNetwork]) -> List[_Node]:
-    """Scheduler, servers, workers with their argv and environment."""
-    roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
-        + [("worker", i) for i in range(num_workers)]
+                 network: Optional[netem.EmulatedNetwork],
+                 hosts: Optional[List[int]] = None,
+                 allreduce: bool = False) -> List[_Node]:
+    """Scheduler, servers, workers with their argv and environment.
+
+    With ``allreduce`` (a Horovod/Gloo job): a rendezvous service
+    (``python -m mxnet_cpsgd.cluster.rendezvous``) instead of scheduler and
+    servers, and the HOROVOD_* variables horovodrun's Gloo launcher would set.
+    """
+    if allreduce:
+        roles = [("rendezvous", 0)] + [("worker", i) for i in range(num_workers)]
+    else:
+        roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
+            + [("worker", i) for i in range(num_workers)]
+    if hosts is None:
+        hosts = list(range(len(roles)))
     base = dict(os.environ)
     # Defaults a user may override with --env: quiet ps-lite, and unbuffered
     # Python so that lines arrive when printed, not when a buffer fills.
     base.update({"PS_VERBOSE": "0", "PYTHONUNBUFFERED": "1"})
     base.update(env)
-    root_uri = network.nodes[0].address if network else "127.0.0.1"
+
+    def address(position):
+        return network.nodes[hosts[position]].address if network else "127.0.0.1"
+
+    root_uri = address(0)
+    worker_hosts = [address(len(roles) - num_workers + i) for i in range(num_workers)]
     nodes = []
     for position, (role, index) in enumerate(roles):
         node_env = dict(base)
-        node_env.update({
-            "DMLC_ROLE": role,
-            "DMLC_PS_ROOT_URI": root_uri,
-            "DMLC_PS_ROOT_PORT": str(port),
-            "DMLC_NUM_SERVER": str(num_servers),
-            "DMLC_NUM_WORKER": str(num_workers),
-            "DMLC_NODE_HOST": network.nodes[position].address if network else "127.0.0.1",
-        })
+        if allreduce:
+            node_env.update(_horovod_env(index if role == "worker" else None, worker_hosts,
+                                         root_uri, port, network is not None))
+        else:
+            node_env.update({
+                "DMLC_ROLE": role,
+                "DMLC_PS_ROOT_URI": root_uri,
+                "DMLC_PS_ROOT_PORT": str(port),
+                "DMLC_NUM_SERVER": str(num_servers),
+                "DMLC_NUM_WORKER": str(num_workers),
+                "DMLC_NODE_HOST": address(position),
+            })
         if role == "worker":
             node_env[WORKER_INDEX_ENV] = str(index)
             node_env["PYTHONPATH"] = os.pathsep.join(
                 [WORKER_SITE_DIR] + ([node_env["PYTHONPATH"]] if node_env.get("PYTHONPATH")
                                      else []))
             argv = list(command)
+            if allreduce and network is not None:
+                argv = _UTS_WRAP + [address(position)] + argv
+        elif role == "rendezvous":
+            argv = [sys.executable, "-m", "mxnet_cpsgd.cluster.rendezvous",
+                    "--port", str(port), "--hosts", ",".join(worker_hosts)]
         else:
             argv = [sys.executable, "-c", "import mxnet"]
         if network is not None:
-            argv = network.nodes[position].wrap(argv)
+            argv = network.nodes[hosts[position]].wrap(argv)
         nodes.append(_Node(role, index, argv, node_env))
     return nodes
 
@@ -570,6 +631,29 @@ def _prepare_cluster(cluster: ssh.Cluster, port: Optional[int]) -> Tuple[str, in
             port or free_port())
 
 
+def _horovod_env(rank: Optional[int], worker_hosts: List[str], rendezvous: str, port: int,
+                 own_hosts: bool) -> Dict[str, str]:
+    """HOROVOD_* variables of horovod/runner/gloo_run.py for one worker (slot)."""
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous,
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+           "HOROVOD_GLOO_IFACE": "eth0" if own_hosts else "lo"}
+    if rank is None:
+        return env
+    size = len(worker_hosts)
+    if own_hosts:  # one slot per host: local rank 0, cross rank = rank
+        local_rank, local_size, cross_rank, cross_size = 0, 1, rank, size
+        hostname = worker_hosts[rank]
+    else:          # every slot on one host
+        local_rank, local_size, cross_rank, cross_size = rank, size, 0, 1
+        hostname = "localhost"
+    env.update({"HOROVOD_HOSTNAME": hostname, "HOROVOD_RANK": str(rank),
+                "HOROVOD_SIZE": str(size), "HOROVOD_LOCAL_RANK": str(local_rank),
+                "HOROVOD_LOCAL_SIZE": str(local_size), "HOROVOD_CROSS_RANK": str(cross_rank),
+                "HOROVOD_CROSS_SIZE": str(cross_size)})
+    return env
+
+
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
               env: Mapping[str, str]) -> None:
@@ -598,7 +682,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             job_timeout: Optional[float] = None, emulate_network: Optional[str] = None,
             log_dir: Optional[str] = None, stream: Optional[IO[str]] = sys.stdout,
             port: Optional[int] = None, handle_signals: bool = True,
-            cluster: Optional[ssh.Cluster] = None) -> JobResult:
+            cluster: Optional[ssh.Cluster] = None,
+            placement: str = "separate", allreduce: bool = False) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -621,6 +706,14 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             (``-H HOSTFILE``) instead of on this machine.  Every host is
             checked first; one that cannot be used ends the job (returncode
             1, ``failure`` naming it) before any node starts.
+        placement: with ``emulate_network``, ``'separate'`` (every node on its
+            own emulated host) or ``'colocated'`` (one host per worker running
+            that worker and one server, the scheduler on host 0); see
+            :func:`host_of_nodes`.
+        allreduce: a Horovod/Gloo job: no scheduler or servers, a rendezvous
+            service on host 0 and the HOROVOD_* variables of horovodrun's Gloo
+            launcher for every worker (each worker in its own UTS namespace
+            named after its host's address when the network is emulated).
 
     Returns:
         The :class:`JobResult`.
@@ -658,8 +751,9 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         if handle_signals and threading.current_thread() is threading.main_thread():
             for signum in signals:
                 old_handlers[signum] = signal.signal(signum, job.on_signal)
+        num_hosts, hosts = host_of_nodes(num_workers, num_servers, placement, allreduce)
         if spec is not None:
-            network = netem.EmulatedNetwork.from_spec(1 + num_servers + num_workers, spec)
+            network = netem.EmulatedNetwork.from_spec(num_hosts, spec)
             network.setup()
         if cluster is not None:
             job_id = uuid.uuid4().hex[:16]
@@ -668,7 +762,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             where = "hosts %s (scheduler on %s)" % (
                 ", ".join(str(h) for h in cluster.hosts), root_uri)
         else:
-            job.nodes = _build_nodes(argv, num_workers, num_servers, env, port, network)
+            job.nodes = _build_nodes(argv, num_workers, num_servers, env, port, network,
+                                     hosts if network else None, allreduce)
             where = "emulated network %s (%s)" % (network.name, emulate_network) \
                 if network else "127.0.0.1"
         if job.signal_received is None:  # not interrupted while setting up

@@ -1,0 +1,43 @@
+"""The rendezvous service of a Horovod/Gloo job started by :func:`launch.run_job`
+with ``allreduce=True`` (what ``horovodrun --gloo`` runs inside itself).
+
+``python -m mxnet_cpsgd.cluster.rendezvous --port P --hosts A,B,...`` serves
+Horovod's HTTP rendezvous on every address of its (network namespace's)
+interfaces at port P for one slot per listed host (``localhost`` repeated M
+times: M slots on one host), and runs until it is stopped.  Horovod is imported
+only here, so the launcher itself never needs it.
+"""
+import argparse
+import signal
+import sys
+import time
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.cluster.rendezvous")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--hosts", required=True,
+                   help="comma-separated host names, one per worker in rank order")
+    args = p.parse_args(argv)
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    import threading
+
+    names = args.hosts.split(",")
+    counts = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    hosts = ",".join("%s:%d" % (name, n) for name, n in counts.items())
+    plan = get_host_assignments(parse_hosts(hosts), len(names))
+    server = RendezvousHTTPServer(("0.0.0.0", args.port), RendezvousHandler, 0)
+    server.init(plan)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    print("rendezvous: serving %d slots on port %d" % (len(names), args.port), flush=True)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
