@@ -126,6 +126,120 @@ def test_bench_end_to_end(tmp_path):
     print(markdown_table(rows))
 
 
+def _run_bench(args, out_dir, budget):
+    """Run cpsgd-bench with ``args``; returns (returncode, output, results.json)."""
+    cmd = [sys.executable, "-m", "mxnet_cpsgd.bench", "--no-progress", "--out-dir",
+           out_dir] + list(args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    left = []
+    try:
+        output, _ = proc.communicate(timeout=budget)
+    except subprocess.TimeoutExpired:
+        left = _teardown(proc, out_dir)
+        output = proc.stdout.read() if proc.stdout else ""
+        pytest.fail("cpsgd-bench took more than %d s\n%s" % (budget, output[-3000:]))
+    finally:
+        left = left or _teardown(proc, out_dir)
+    print(output)
+    assert not left, "namespaces/links left behind: %s" % left
+    assert proc.returncode == 0, output[-3000:]
+    with open(os.path.join(out_dir, "results.json")) as f:
+        return json.load(f)
+
+
+def _horovod_available():
+    try:
+        import horovod.mxnet  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _netns_available(), reason="needs root and iproute2 (namespaces)")
+@pytest.mark.skipif(not _horovod_available(), reason="horovod.mxnet not installed")
+def test_bench_horovod_in_emulated_hosts(tmp_path):
+    """A 2-worker Horovod/Gloo run, each worker on its own emulated host (own
+    network and UTS namespace), next to cpsgd with colocated servers."""
+    out_dir = str(tmp_path / "bench")
+    result = _run_bench(["--model", "lenet", "-n", "2", "--batch-size", "16",
+                         "--rates", "100mbit", "--algorithms", "horovod,cpsgd",
+                         "--iters", "3", "--warmup-iters", "2", "--no-compute-only",
+                         "--job-timeout", "90"], out_dir, 150)
+    assert result["config"]["placement"] == "colocated"
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert set(rows) == {"horovod", "cpsgd"}
+    hvd = rows["horovod"]
+    assert hvd["failure"] is None and hvd["mean_ms"] > 0
+    # a ring all-reduce of 2 workers moves about the gradient each way per link
+    assert hvd["tx_bytes_per_iter"] > hvd["param_bytes"] * 0.5, hvd
+    assert set(hvd["link_bytes_per_iter"]) == {"host 0 up", "host 1 up",
+                                               "host 0 down", "host 1 down"}
+    assert rows["cpsgd"]["vs_horovod"] > 0
+
+
+def test_bench_four_workers_emulated_compute(tmp_path):
+    """-n 4 with --emulate-compute: 4 hosts each with a worker and a server."""
+    out_dir = str(tmp_path / "bench")
+    rates = "100mbit" if _netns_available() else "loopback"
+    result = _run_bench(["--model", "lenet", "-n", "4", "--batch-size", "16",
+                         "--rates", rates, "--algorithms", "cpsgd",
+                         "--emulate-compute", "20", "--iters", "3", "--warmup-iters", "2",
+                         "--job-timeout", "120"], out_dir, 200)
+    cfg = result["config"]
+    assert (cfg["num_workers"], cfg["num_servers"], cfg["emulate_compute"]) == (4, 4, 20.0)
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert rows["compute"]["mean_ms"] > 0 and rows["cpsgd"]["mean_ms"] > 0
+    run = next(r for r in result["runs"] if r["algorithm"] == "cpsgd")
+    assert len(run["workers"]) == 4
+    layers = run["workers"][0]["emulated_layers"]
+    assert layers and abs(sum(l["share"] for l in layers) - 1) < 1e-6
+
+
+def test_host_placement():
+    from mxnet_cpsgd.cluster.launch import host_of_nodes
+    # scheduler, 2 servers, 2 workers
+    assert host_of_nodes(2, 2, "colocated") == (2, [0, 0, 1, 0, 1])
+    assert host_of_nodes(2, 1, "separate") == (4, [0, 1, 2, 3])
+    # rendezvous + 4 workers
+    assert host_of_nodes(4, 4, "colocated", allreduce=True) == (4, [0, 0, 1, 2, 3])
+    assert host_of_nodes(2, 1, "separate", allreduce=True) == (3, [0, 1, 2])
+
+
+def test_emulated_compute_releases_layers_in_reverse_order():
+    """The emulated backward writes the last layer's gradients first; shares
+    follow the layers' FLOPs.  Order only, no timing limits."""
+    import mxnet as mx
+    from mxnet_cpsgd.bench.emulate import EmulatedCompute
+    from mxnet_cpsgd.training import models
+    net = models.get_model("lenet", classes=10)
+    models.initialize(net, (1, 28, 28), [mx.cpu()], hybridize=False, seed=0)
+    emu = EmulatedCompute(net, (1, 28, 28), 8, total_ms=300.0)
+    layers = emu.describe()
+    assert abs(sum(l["share"] for l in layers) - 1) < 1e-9
+    assert abs(sum(l["forward_ms"] + l["backward_ms"] for l in layers) - 300.0) < 1e-6
+    first = emu.layers[0]["params"][0].grad()
+    last = emu.layers[-1]["params"][0].grad()
+    before = first.asnumpy().copy()
+    import threading
+    done = {}
+
+    def watch(name, array):
+        array.wait_to_read()
+        done[name] = time.monotonic()
+    loss = emu.iteration()
+    threads = [threading.Thread(target=watch, args=a) for a in
+               (("first", first), ("last", last), ("loss", loss))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # the forward ends first, then the backward releases the last layer first
+    assert done["loss"] < done["last"] < done["first"], done
+    assert not (first.asnumpy() == before).all()  # written with the emulated values
+    mx.nd.waitall()
+
+
 def test_summarize_transfer_bound():
     """The bound is the busiest link direction's bytes x 8 / rate."""
     run = {"rate": "100mbit", "algorithm": "ssgd", "failure": None, "load_before": [0, 0, 0],

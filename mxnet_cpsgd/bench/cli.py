@@ -2,9 +2,24 @@
 
 Usage::
 
-    cpsgd-bench [--model cifar_resnet20_v1] [-n 2] [-s 1] [--batch-size 32]
-        [--rates none,1gbit,100mbit] [--algorithms ssgd,bitsgd,odsgd,cpsgd]
+    cpsgd-bench [--model cifar_resnet20_v1] [-n 2] [-s S] [--batch-size 32]
+        [--placement colocated|separate] [--emulate-compute MS]
+        [--rates none,1gbit,100mbit] [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--timeline] [--out-dir DIR]
+    cpsgd-bench --plot-workers A/results.json B/results.json --out-dir DIR
+
+Placement (``--placement``): ``colocated`` (default) gives every worker its own
+emulated host (network namespace) that also runs one server, the scheduler on
+host 0, as MXNet's tools/launch.py deploys a cluster (-s defaults to -n);
+``separate`` puts every node on its own host (-s defaults to 1).  The
+all-reduce stores (``horovod`` and compressors built on it) run as Horovod/Gloo
+jobs on the same hosts: a rendezvous service on host 0 and each worker in its
+own UTS namespace whose host name is its address (Horovod 0.28.1 connects to
+host *names*).
+
+``--emulate-compute MS`` replaces forward and backward by engine waits that
+total MS ms and release each layer's gradients in reverse order (see
+mxnet_cpsgd/bench/emulate.py); everything else is real.
 
 One invocation runs a *compute-only* job (the same worker processes training
 with no kvstore at all) and then every (rate, algorithm) pair as its own
@@ -37,9 +52,12 @@ How the numbers are made (docs/performance.md has the details):
   counters (Ethernet frames: payload plus TCP/IP/ps-lite overhead) over the
   timed window, divided by the iterations, mean over workers.
 * transfer bound: the time the busiest link direction needs at the rate for
-  the bytes it carried per iteration: max over every worker's up/down link
-  and every server's up/down link (servers' counters read by worker 0) of
-  bytes x 8 / rate.
+  the bytes it carried per iteration: max over every host's up/down link
+  (separate placement: every worker's and every server's link, servers'
+  counters read by worker 0; colocated: a worker's link is its host's, shared
+  with its server) of bytes x 8 / rate.
+* ratios: to horovod, bitsgd and ssgd at the same rate in the same invocation,
+  and to max(compute-only, transfer bound).
 * peak RSS: VmHWM of the worker processes, the largest over workers.
 """
 import argparse
@@ -171,6 +189,10 @@ def _parser():
     p.add_argument("--rerender", metavar="RESULTS_JSON", default=None,
                    help="do not run anything: recompute the tables, target checks and plot "
                         "of an earlier results.json (into --out-dir, default its directory)")
+    p.add_argument("--plot-workers", nargs="+", metavar="RESULTS_JSON", default=None,
+                   help="do not run anything: plot time per iteration against workers from "
+                        "several results.json (e.g. -n 2 and -n 4) into --out-dir "
+                        "(time_vs_workers.png)")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -246,7 +268,7 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
         result = json.load(f)
     result["rows"], result["compute_ms"] = analyse(result["runs"],
                                                    result["config"]["num_servers"])
-    result["checks"] = check_targets(result["rows"], result["compute_ms"])
+    result["checks"] = check_targets(result["rows"], result["compute_ms"], result["config"])
     result["rerendered"] = datetime.datetime.now().isoformat(timespec="seconds")
     out_dir = out_dir or os.path.dirname(os.path.abspath(path))
     os.makedirs(out_dir, exist_ok=True)
@@ -260,6 +282,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
+    if args.plot_workers:
+        from .output import plot_vs_workers
+        results = []
+        for path in args.plot_workers:
+            with open(path) as f:
+                results.append(json.load(f))
+        out_dir = args.out_dir or "."
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "time_vs_workers.png")
+        plot_vs_workers(results, path)
+        print(path)
+        return 0
     try:
         _validate(args)
     except (BenchError, netem.NetemError) as err:
@@ -343,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "load_start": load_start, "load_end": list(os.getloadavg()),
         "cpu_count": os.cpu_count(),
         "config": config, "compute_ms": compute_ms, "rows": rows,
-        "checks": check_targets(rows, compute_ms),
+        "checks": check_targets(rows, compute_ms, config),
         "interrupted": bool(interrupted),
         "runs": runs,
     }

@@ -14,11 +14,13 @@ from .runs import fmt_value, rate_sort_key, rate_bps
 TIME_COLUMNS = [
     ("rate", "rate", "%s"), ("algorithm", "algorithm", "%s"),
     ("mean_ms", "ms/iter", "%.1f"), ("median_ms", "median", "%.1f"),
-    ("min_ms", "min", "%.1f"), ("max_ms", "max", "%.1f"),
-    ("samples_per_s_per_worker", "samples/s/worker", "%.1f"),
-    ("vs_ssgd", "/ssgd", "%.2f"), ("vs_bitsgd", "/bitsgd", "%.2f"),
-    ("vs_compute", "/compute", "%.2f"), ("transfer_bound_ms", "bound ms", "%.1f"),
-    ("vs_bound", "/bound", "%.2f"), ("vs_floor", "/max(compute,bound)", "%.2f"),
+    ("vs_horovod", "/horovod", "%.2f"), ("vs_bitsgd", "/bitsgd", "%.2f"),
+    ("vs_ssgd", "/ssgd", "%.2f"), ("floor_ms", "max(compute,bound) ms", "%.1f"),
+    ("vs_floor", "/max(compute,bound)", "%.2f"),
+    ("transfer_bound_ms", "bound ms", "%.1f"), ("max_link_kb", "KB/iter busiest link dir.",
+                                                 "%.0f"),
+    ("busiest_link", "busiest link", "%s"),
+    ("vs_compute", "/compute", "%.2f"), ("min_ms", "min", "%.1f"), ("max_ms", "max", "%.1f"),
     ("vs_machine_floor", "/max(CPU floor,bound)", "%.2f"),
 ]
 RESOURCE_COLUMNS = [
@@ -50,6 +52,9 @@ def markdown_table(rows: List[dict], columns=None) -> str:
             if key in ("tx_kb", "rx_kb"):
                 raw = row.get(key[:2] + "_bytes_per_iter")
                 value = raw / 1e3 if raw is not None else None
+            elif key == "max_link_kb":
+                raw = row.get("max_link_bytes_per_iter")
+                value = raw / 1e3 if raw is not None else None
             cells.append(fmt_value(value, spec) if not isinstance(value, str) else value)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -57,8 +62,17 @@ def markdown_table(rows: List[dict], columns=None) -> str:
 
 def markdown_report(result: dict) -> str:
     cfg = result["config"]
+    placement = cfg.get("placement", "separate")
+    compute = ("emulated compute: %g ms forward+backward per iteration (engine waits, "
+               "gradients released layer by layer in reverse order)" % cfg["emulate_compute"]
+               if cfg.get("emulate_compute") else "real compute on the CPU")
     out = ["# cpsgd-bench results", "",
            "Command: `%s`" % result["command"], "",
+           "Placement %s (%s); %s." % (placement, {
+               "colocated": "one emulated host per worker running that worker and one "
+                            "server, the scheduler on host 0",
+               "separate": "every node on its own emulated host"}.get(placement, placement),
+               compute), "",
            "Model %s, %d workers, %d server(s), batch %d per worker, %d timed iterations "
            "after %d discarded (algorithm warm-up %d steps), threshold %g, correction "
            "period %d; started %s; load average (1/5/15 min) at start %s, at end %s." % (
@@ -92,13 +106,20 @@ def markdown_report(result: dict) -> str:
             "peak RSS = largest worker VmHWM. `none` = %s." % (result["cpu_count"],
                                                                cfg["none_mode"]), ""]
     if result["checks"]:
-        out += ["## Targets (cpsgd)", "", "| rate | target | value | limit | met |",
-                "|---|---|---:|---:|---|"]
+        out += ["## Targets (cpsgd)", "",
+                "| rate | uncompressed bound / compute | target | value | limit | met |",
+                "|---|---:|---|---:|---:|---|"]
         for c in result["checks"]:
             met = "n/a" if not c["applies"] else ("-" if c["met"] is None else
                                                   ("yes" if c["met"] else "**no**"))
-            out.append("| %s | %s | %s | %.2f | %s |" % (
-                c["rate"], c["target"], fmt_value(c["value"], "%.2f"), c["limit"], met))
+            out.append("| %s | %s | %s | %s | %.2f | %s |" % (
+                c["rate"], fmt_value(c.get("balance"), "%.2f"), c["target"],
+                fmt_value(c["value"], "%.2f"), c["limit"], met))
+        out += ["", "n/a: the target is not meant for this rate or configuration (the "
+                "emulated-compute targets hold where the uncompressed exchange's transfer "
+                "bound is within 1.5x of the compute time, with --placement colocated; the "
+                "real-compute ones at 100mbit and 50mbit, colocated); the value is shown "
+                "anyway."]
         out.append("")
     if result.get("timelines"):
         out += ["## Timelines", ""]
@@ -146,9 +167,12 @@ def plot(result: dict, out_path: str) -> None:
     ax.set_xlabel("link rate per node and direction (log scale)")
     ax.set_ylabel("time per iteration, ms (mean; bars: spread over rounds)")
     cfg = result["config"]
-    ax.set_title("%s, %d workers + %d server(s), batch %d/worker\n"
+    ax.set_title("%s, %d workers + %d server(s), batch %d/worker, %s placement, %s\n"
                  "dotted: transfer bound of the same colour's measured bytes" % (
-                     cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"]),
+                     cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"],
+                     cfg.get("placement", "separate"),
+                     "emulated compute %g ms" % cfg["emulate_compute"]
+                     if cfg.get("emulate_compute") else "real compute"),
                  fontsize=10)
     ymax = max([max(r.get("repeat_mean_ms") or [r["mean_ms"]]) for r in rows]
                + [r.get("transfer_bound_ms") or 0 for r in rows]
@@ -184,8 +208,8 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
                      "path": os.path.relpath(path, out_dir), "overlap": overlap})
         by_rate.setdefault(run["rate"], {})[run["algorithm"]] = {"workers": workers}
     for rate, algos in by_rate.items():
-        chosen = [a for a in ("bitsgd", "cpsgd") if a in algos]
-        chosen += [a for a in algos if a not in chosen][:max(0, 2 - len(chosen))]
+        chosen = [a for a in ("bitsgd", "cpsgd", "horovod") if a in algos]
+        chosen += [a for a in algos if a not in chosen][:max(0, 3 - len(chosen))]
         panels = [{"label": "%s @ %s" % (a, rate), "workers": algos[a]["workers"]}
                   for a in chosen]
         path = os.path.join(out_dir, "timeline-%s.png" % rate)
@@ -194,3 +218,47 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
         made.append({"label": "%s @ %s plot" % (" vs ".join(chosen), rate),
                      "path": os.path.relpath(path, out_dir)})
     return made
+
+
+def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> None:
+    """Time per iteration against the number of workers, one line per
+    algorithm, from several results.json of the same rate (e.g. -n 2 and -n 4
+    with --emulate-compute); compute-only dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: Dict[str, List[tuple]] = {}
+    compute = []
+    for result in results:
+        n = result["config"]["num_workers"]
+        for row in result["rows"]:
+            if row.get("mean_ms") is None:
+                continue
+            if row["algorithm"] == COMPUTE_ONLY:
+                compute.append((n, row["mean_ms"]))
+            elif rate is None or row["rate"] == rate:
+                points.setdefault("%s @ %s" % (row["algorithm"], row["rate"]), []).append(
+                    (n, row["mean_ms"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, pts in points.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    if compute:
+        compute.sort()
+        ax.plot([p[0] for p in compute], [p[1] for p in compute], "k--", marker="x",
+                label="compute-only")
+    cfg = results[0]["config"]
+    ax.set_xlabel("workers")
+    ax.set_ylabel("time per iteration, ms")
+    ax.set_xticks(sorted({r["config"]["num_workers"] for r in results}))
+    ax.set_title("%s, %s placement, %s" % (
+        cfg["model"], cfg.get("placement", "separate"),
+        "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
+        else "real compute"), fontsize=10)
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)

@@ -15,10 +15,12 @@ Operator classes (by MXNet's operator names):
 
 ========== =============================================================
 forward    the hybridized network's bulked forward ops and the loss ops
-backward   names containing ``_backward``
+backward   names containing ``_backward`` (``emulated_backward``: an emulated
+           layer of ``--emulate-compute``, ``emulated_forward`` likewise)
 update     optimizer ops (``sgd_update``, ``sgd_mom_update``, ``multi_*``)
 quantize   ``QuantizeCPU`` / ``Dequantize*`` (MXNet's 2-bit compression)
-push       ``KVStoreDist*Push`` (from issue until the server's reply)
+push       ``KVStoreDist*Push`` (from issue until the server's reply); for the
+           all-reduce stores, Horovod's collectives (both directions at once)
 pull       ``KVStoreDist*Pull`` (from issue until the weights arrived)
 copy       ``CopyCPU2CPU``, ``ImperativeBulk`` and other small ops
 ========== =============================================================
@@ -49,6 +51,13 @@ def classify(name: str) -> Optional[str]:
         if "Push" in name:
             return "push"
         return "push"
+    low = name.lower()
+    if "horovod" in low or "allreduce" in low or "allgather" in low:
+        return "push"  # an all-reduce store's collective (both directions at once)
+    if name == "emulated_forward":
+        return "forward"
+    if name == "emulated_backward":
+        return "backward"
     if "Quantize" in name or "Dequantize" in name:
         return "quantize"
     if name in _IGNORED:
