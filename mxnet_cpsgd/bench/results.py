@@ -124,6 +124,9 @@ def combine_repeats(rows: List[dict]) -> List[dict]:
             if key in row:
                 continue
             values = [r.get(key) for r in good]
+            if all(v is None for v in values):
+                row[key] = None  # not measured (e.g. server CPU of an all-reduce store)
+                continue
             if key == "min_ms":
                 row[key] = min(values)
             elif key == "max_ms":
