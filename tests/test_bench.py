@@ -160,15 +160,17 @@ def _horovod_available():
 @pytest.mark.skipif(not _horovod_available(), reason="horovod.mxnet not installed")
 def test_bench_horovod_in_emulated_hosts(tmp_path):
     """A 2-worker Horovod/Gloo run, each worker on its own emulated host (own
-    network and UTS namespace), next to cpsgd with colocated servers."""
+    network and UTS namespace), an all-reduce compressor (topk) on the same
+    path, and cpsgd with colocated servers."""
     out_dir = str(tmp_path / "bench")
     result = _run_bench(["--model", "lenet", "-n", "2", "--batch-size", "16",
-                         "--rates", "100mbit", "--algorithms", "horovod,cpsgd",
+                         "--rates", "100mbit", "--algorithms", "horovod,topk,cpsgd",
                          "--iters", "3", "--warmup-iters", "2", "--no-compute-only",
                          "--job-timeout", "90"], out_dir, 150)
     assert result["config"]["placement"] == "colocated"
     rows = {r["algorithm"]: r for r in result["rows"]}
-    assert set(rows) == {"horovod", "cpsgd"}
+    assert set(rows) == {"horovod", "topk", "cpsgd"}
+    assert rows["topk"]["failure"] is None and rows["topk"]["vs_horovod"] > 0
     hvd = rows["horovod"]
     assert hvd["failure"] is None and hvd["mean_ms"] > 0
     # a ring all-reduce of 2 workers moves about the gradient each way per link
