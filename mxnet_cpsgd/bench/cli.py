@@ -234,6 +234,16 @@ def _validate(args):
     args.allreduce_algorithms = sorted(name for name in known
                                        if is_allreduce(mx.kv.KVStoreBase.kv_registry[name]))
     args.algorithm_list = parse_list(args.algorithms)
+    import importlib.util
+    if importlib.util.find_spec("horovod") is None:
+        wanted = [a for a in args.algorithm_list if a in args.allreduce_algorithms]
+        if wanted and args.algorithms != DEFAULT_ALGORITHMS:
+            raise BenchError("%s need Horovod (horovod.mxnet), which is not installed"
+                             % ", ".join(wanted))
+        if wanted:
+            print("cpsgd-bench: skipping %s: Horovod is not installed" % ", ".join(wanted),
+                  file=sys.stderr)
+            args.algorithm_list = [a for a in args.algorithm_list if a not in wanted]
     unknown = [a for a in args.algorithm_list if a not in known and a != STOCK_SYNC]
     if unknown or not args.algorithm_list:
         raise BenchError("unknown algorithm(s) %s; known: %s"
