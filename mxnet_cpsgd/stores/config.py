@@ -243,3 +243,24 @@ def resolve(algorithm, defaults, params=None, environ=None):
 
 __all__ = ["AlgorithmConfig", "ConfigError", "KNOBS", "resolve", "env_settings",
            "ENV_PREFIX"]
+
+
+def store_knobs(store_name, config):
+    """The knobs a store is built with: a dict, or an AlgorithmConfig for ``store_name``.
+
+    Raises:
+        ConfigError: the config names another algorithm.
+    """
+    if isinstance(config, AlgorithmConfig):
+        if config.algorithm.lower() != store_name:
+            raise ConfigError("config is for algorithm %r but the store is %r"
+                              % (config.algorithm, store_name))
+        return config.knobs()
+    return dict(config or {})
+
+
+def check_compression_params(compression_params):
+    """What gluon.Trainer hands to ``set_gradient_compression`` must be a dict."""
+    if not isinstance(compression_params, dict):
+        raise ConfigError("compression_params must be a dict, got %r" % (compression_params,))
+    return compression_params

@@ -126,13 +126,7 @@ class PolicyStore(mx.kv.KVStoreBase):
     def __init__(self, config=None):
         if self.policy_class is None:
             raise TypeError("PolicyStore is abstract; create a registered store by name")
-        if isinstance(config, config_mod.AlgorithmConfig):
-            if config.algorithm.lower() != self.policy_class.name:
-                raise config_mod.ConfigError(
-                    "config is for algorithm %r but the store is %r"
-                    % (config.algorithm, self.policy_class.name))
-            config = config.knobs()
-        self._base_knobs = dict(config or {})
+        self._base_knobs = config_mod.store_knobs(self.policy_class.name, config)
         self._config = self._resolve({})  # fail early on bad environment/config
         self._policy = None
         self._kv = None
@@ -168,10 +162,7 @@ class PolicyStore(mx.kv.KVStoreBase):
 
     def set_gradient_compression(self, compression_params):
         """Called by gluon.Trainer with its ``compression_params``: the algorithm's knobs."""
-        if not isinstance(compression_params, dict):
-            raise config_mod.ConfigError("compression_params must be a dict, got %r"
-                                         % (compression_params,))
-        resolved = self._resolve(compression_params)
+        resolved = self._resolve(config_mod.check_compression_params(compression_params))
         if self._policy is not None and resolved != self._config:
             # a second Trainer on a store in use: its algorithm already runs
             raise RuntimeError(

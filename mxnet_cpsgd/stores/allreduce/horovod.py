@@ -92,11 +92,7 @@ class Horovod(mx.kv.KVStoreBase):
     """
 
     def __init__(self, config=None):
-        if isinstance(config, config_mod.AlgorithmConfig):
-            if config.algorithm.lower() != NAME:
-                raise config_mod.ConfigError(
-                    "config is for algorithm %r but the store is %r" % (config.algorithm, NAME))
-            config = config.knobs()
+        config = config_mod.store_knobs(NAME, config)
         # no knobs: any setting (argument or MXNET_CPSGD_* variable) is an error
         self._config = config_mod.resolve(NAME, {}, config, os.environ)
         hvd = _import_horovod()
@@ -112,10 +108,8 @@ class Horovod(mx.kv.KVStoreBase):
 
     def set_gradient_compression(self, compression_params):
         """Reject every setting: the store has no knobs and compresses nothing."""
-        if not isinstance(compression_params, dict):
-            raise config_mod.ConfigError("compression_params must be a dict, got %r"
-                                         % (compression_params,))
-        self._config = config_mod.resolve(NAME, {}, compression_params, os.environ)
+        self._config = config_mod.resolve(
+            NAME, {}, config_mod.check_compression_params(compression_params), os.environ)
 
     # -------------------------------------------------------------- identity
     @property

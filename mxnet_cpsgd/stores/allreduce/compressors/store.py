@@ -57,12 +57,7 @@ class CompressedHorovod(_hvd_store.Horovod):
 
     def __init__(self, config=None):
         name = self.compressor_class.name
-        if isinstance(config, config_mod.AlgorithmConfig):
-            if config.algorithm.lower() != name:
-                raise config_mod.ConfigError(
-                    "config is for algorithm %r but the store is %r" % (config.algorithm, name))
-            config = config.knobs()
-        self._explicit = dict(config or {})
+        self._explicit = config_mod.store_knobs(name, config)
         # validate before importing Horovod: a bad knob fails without it
         self._config = config_mod.resolve(name, self.compressor_class.defaults,
                                           self._explicit, os.environ)
@@ -93,9 +88,7 @@ class CompressedHorovod(_hvd_store.Horovod):
 
     def set_gradient_compression(self, compression_params):
         """Apply the Trainer's ``compression_params`` (validated like the other stores)."""
-        if not isinstance(compression_params, dict):
-            raise config_mod.ConfigError("compression_params must be a dict, got %r"
-                                         % (compression_params,))
+        config_mod.check_compression_params(compression_params)
         if any(self._steps.values()):
             raise RuntimeError("kvstore '%s': set compression_params before the first "
                                "pushpull" % self.type)
