@@ -26,6 +26,7 @@ An exception inside a server's updater would be printed and ignored by MXNet,
 leaving the round unapplied while training goes on; this class stops the
 server instead, so the job fails with the traceback.
 """
+import copy
 import os
 import sys
 import traceback
@@ -92,6 +93,8 @@ class ServerOptimizer:
         self._reset()
 
     def _reset(self):
+        # the schedule as sent, before any update moved it (see _schedule_by_key)
+        self._schedule = copy.deepcopy(self.optimizer.lr_scheduler)
         self._mirrors = {}
         self._loaded = set()
         self._pending_weights = {}
@@ -146,6 +149,7 @@ class ServerOptimizer:
                 for i, w in pairs:
                     if i in self._pending_weights:
                         w[:] = self._pending_weights.pop(i)
+            self._schedule_by_key(index)
             self.optimizer.update_multi_precision(index, weight, grad, state)
             return
         if isinstance(index, (list, tuple)):
@@ -153,6 +157,25 @@ class ServerOptimizer:
                 self._mirror_push(i - self.mirror_base, w, g)
         else:
             self._mirror_push(index - self.mirror_base, weight, grad)
+
+    def _schedule_by_key(self, index):
+        """Make the coming update use the schedule's learning rate of its own round.
+
+        MXNet's optimizer asks its scheduler for the rate at ``num_update``, the
+        largest round count of any key so far, and MXNet's step schedulers only
+        ever move forward. Workers that do not wait for their pulls (odsgd,
+        cpsgd, ssdsgd) can complete round t+1 of one key on a server before round
+        t of another, which then got round t+1's rate (seen as a rare mismatch
+        with the numpy reference at a schedule step). Here every update counts
+        its own key's rounds and asks a fresh copy of the schedule.
+        """
+        opt = self.optimizer
+        if self._schedule is None:
+            return
+        keys = index if isinstance(index, (list, tuple)) else [index]
+        opt.num_update = min(opt._index_update_count.get(k, opt.begin_num_update)
+                             for k in keys)
+        opt.lr_scheduler = copy.copy(self._schedule)
 
     def _mirror_push(self, key, mirror, pushed):
         self._mirrors[key] = mirror
