@@ -72,34 +72,13 @@ def test_bench_end_to_end(tmp_path):
     shaped = _netns_available()
     rates = "none,100mbit" if shaped else "none"
     out_dir = str(tmp_path / "bench")
-    cmd = [sys.executable, "-m", "mxnet_cpsgd.bench", "--model", "lenet",
-           "-n", "2", "-s", "1", "--batch-size", "16", "--rates", rates,
-           "--algorithms", "ssgd,cpsgd", "--iters", "3", "--warmup-iters", "2",
-           "--timeline", "--timeline-iters", "2", "--job-timeout", "60",
-           "--no-progress", "--out-dir", out_dir]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
-    left = []
-    try:
-        output, _ = proc.communicate(timeout=BUDGET_S)
-    except subprocess.TimeoutExpired:
-        left = _teardown(proc, out_dir)
-        output = proc.stdout.read() if proc.stdout else ""
-        pytest.fail("cpsgd-bench took more than %d s\n%s" % (BUDGET_S, output[-3000:]))
-    finally:
-        left = left or _teardown(proc, out_dir)
-    elapsed = time.monotonic() - started
-    print(output)
-    print("cpsgd-bench took %.1f s" % elapsed)
-    assert proc.returncode == 0, output[-3000:]
-    assert not left, "namespaces/links left behind: %s" % left
-
+    args = ["--model", "lenet", "-n", "2", "-s", "1", "--batch-size", "16", "--rates", rates,
+            "--algorithms", "ssgd,cpsgd", "--iters", "3", "--warmup-iters", "2",
+            "--timeline", "--timeline-iters", "2", "--job-timeout", "60"]
+    result = _run_bench(args, out_dir, BUDGET_S)
     for name in ("results.json", "results.md", "time_vs_rate.png"):
         path = os.path.join(out_dir, name)
         assert os.path.getsize(path) > 0, path
-    with open(os.path.join(out_dir, "results.json")) as f:
-        result = json.load(f)
     rows = result["rows"]
     expected = {("-", "compute")} | {(r, a) for r in parse_list(rates)
                                      for a in ("ssgd", "cpsgd")}

@@ -74,6 +74,34 @@ def _check_dense(key, arrays):
                              "key %s is %s" % (NAME, key, a.stype))
 
 
+def sum_devices(key, value, out):
+    """This worker's gradient of ``key``, summed over its devices, in one array.
+
+    Returns ``(buf, outs)``: ``buf`` is ``out[0]`` (or ``value[0]`` when ``out`` is
+    None) holding the sum; ``outs`` are all the arrays the result goes to.
+    """
+    grads = _as_list(value)
+    outs = _as_list(out) if out is not None else grads
+    _check_dense(key, grads + outs)
+    buf = outs[0]
+    if len(grads) > 1:
+        mx.nd.add_n(*[g.as_in_context(buf.context) for g in grads], out=buf)
+    elif grads[0] is not buf:
+        grads[0].copyto(buf)
+    return buf, outs
+
+
+def split_keys(store, key, value, out, priority):
+    """Run ``store.pushpull`` once per key when given lists; True if it did."""
+    keys = _as_list(key)
+    if len(keys) == 1:
+        return False
+    outs = _as_list(out) if out is not None else [None] * len(keys)
+    for k, v, o in zip(keys, _as_list(value), outs):
+        store.pushpull(k, v, o, priority)
+    return True
+
+
 _instances = [0]
 
 
@@ -161,28 +189,11 @@ class Horovod(mx.kv.KVStoreBase):
         Asynchronous: the all-reduce is queued on MXNet's engine as a named
         Horovod operation and the call returns at once.
         """
-        keys = _as_list(key)
-        if len(keys) != 1:
-            outs = _as_list(out) if out is not None else [None] * len(keys)
-            for k, v, o in zip(keys, _as_list(value), outs):
-                self.pushpull(k, v, o, priority)
+        if split_keys(self, key, value, out, priority):
             return
-        key = keys[0]
-        grads = _as_list(value)
-        outs = _as_list(out) if out is not None else grads
-        _check_dense(key, grads + outs)
+        key = _as_list(key)[0]
         # sum this worker's devices first: one Horovod tensor per key
-        if out is not None:
-            buf = outs[0]
-            if len(grads) == 1:
-                if grads[0] is not buf:
-                    grads[0].copyto(buf)
-            else:
-                mx.nd.add_n(*[g.as_in_context(buf.context) for g in grads], out=buf)
-        else:
-            buf = grads[0]
-            if len(grads) > 1:
-                mx.nd.add_n(*[g.as_in_context(buf.context) for g in grads], out=buf)
+        buf, outs = sum_devices(key, value, out)
         self._hvd.allreduce_(buf, op=self._hvd.Sum, name="%s.grad.%s" % (self._prefix, key),
                              priority=priority)
         for o in outs[1:]:

@@ -23,7 +23,6 @@ exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps wha
 """
 import os
 
-import mxnet as mx
 
 from ... import config as config_mod
 from .. import horovod as _hvd_store
@@ -100,21 +99,10 @@ class CompressedHorovod(_hvd_store.Horovod):
     def pushpull(self, key, value, out=None, priority=0):
         """Sum over workers of the decoded compressed gradients into ``out``
         (default: ``value``).  Asynchronous: only queues engine operations."""
-        keys = _as_list(key)
-        if len(keys) != 1:
-            outs = _as_list(out) if out is not None else [None] * len(keys)
-            for k, v, o in zip(keys, _as_list(value), outs):
-                self.pushpull(k, v, o, priority)
+        if _hvd_store.split_keys(self, key, value, out, priority):
             return
-        key = keys[0]
-        grads = _as_list(value)
-        outs = _as_list(out) if out is not None else grads
-        _hvd_store._check_dense(key, grads + outs)
-        buf = outs[0] if out is not None else grads[0]
-        if len(grads) > 1:
-            mx.nd.add_n(*[g.as_in_context(buf.context) for g in grads], out=buf)
-        elif grads[0] is not buf:
-            grads[0].copyto(buf)
+        key = _as_list(key)[0]
+        buf, outs = _hvd_store.sum_devices(key, value, out)
 
         count = self._steps.get(key, 0)
         self._steps[key] = count + 1
