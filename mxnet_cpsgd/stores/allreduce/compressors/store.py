@@ -23,7 +23,6 @@ exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps wha
 """
 import os
 
-
 from ... import config as config_mod
 from .. import horovod as _hvd_store
 from .collectives import Collectives
