@@ -51,7 +51,8 @@ def _ref_style(label: str) -> str:
 
 
 def plot_k_sensitivity(entries: Sequence[Dict[str, object]], path: str) -> None:
-    """Final validation accuracy (left; runs with several epochs only) and Te
+    """Final validation accuracy (left; runs with several epochs only; bars: std
+    over seeds) and Te
     (right; relative to S-SGD's Te of the same setting when every setting has
     S-SGD, so that settings of very different speed share one axis) vs k, one
     line per (experiment, M, rate); S-SGD/BIT-SGD/OD-SGD as horizontal references
@@ -70,10 +71,15 @@ def plot_k_sensitivity(entries: Sequence[Dict[str, object]], path: str) -> None:
             continue
         refs = e["references"]
         if e["epochs"] > 1:
-            pts = [(k, v) for k, v in zip(ks, e["final_val_acc"]) if v is not None]
+            stds = e.get("final_val_acc_std") or [None] * len(ks)
+            pts = [(k, v, sd) for k, v, sd in zip(ks, e["final_val_acc"], stds)
+                   if v is not None]
             if pts:
-                ax1.plot([k for k, _ in pts], [100 * v for _, v in pts], "o-",
-                         color=color, label=name)
+                # error bars: std over seeds (absent with one seed)
+                errs = [100 * (sd or 0.0) for _, _, sd in pts]
+                ax1.errorbar([k for k, _, _ in pts], [100 * v for _, v, _ in pts],
+                             yerr=errs if any(errs) else None, fmt="o-", capsize=3,
+                             color=color, label=name)
             base_acc = (refs.get("SSGD") or (None, None))[0]
             for label, (acc, _) in sorted(refs.items()):
                 if acc is None or (base_acc is not None and

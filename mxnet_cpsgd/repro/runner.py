@@ -218,7 +218,18 @@ class RunPlan:
                          str(self.seed)] + args_to_argv(self.args) +
                         ["--log-json", os.path.join("runs", self.run_id, "log.json")])
 
+    @property
+    def allreduce(self) -> bool:
+        """A Horovod/Gloo job (no scheduler or servers) rather than a ps-lite job."""
+        from ..training.options import HOROVOD_STORES
+        return self.algorithm in HOROVOD_STORES
+
     def launch_text(self) -> str:
+        if self.allreduce and not self.rate:
+            env = " ".join("-x %s=%s" % kv for kv in sorted(self.env.items()))
+            return "horovodrun -np %d -H localhost:%d --gloo%s %s" % (
+                self.num_workers, self.num_workers, (" " + env) if env else "",
+                self.command_text())
         net = " --emulate-network %s" % self.rate if self.rate else ""
         env = " ".join("%s=%s" % kv for kv in sorted(self.env.items()))
         return "python -m mxnet_cpsgd.launch -n %d -s %d%s%s -- %s" % (
@@ -445,7 +456,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             result = launch.run_job(plan.argv(python, run_dir), plan.num_workers,
                                     plan.num_servers, env=plan.env, timeout=plan.timeout,
                                     job_timeout=plan.job_timeout, emulate_network=rate,
-                                    stream=stream)
+                                    stream=stream, allreduce=plan.allreduce)
             returncode, failure = result.returncode, result.failure
         except Exception as err:  # launcher refused (bad input, emulation broke)
             returncode, failure = None, "%s: %s" % (type(err).__name__, err)

@@ -242,7 +242,8 @@ def te_tc_tables(groups: Sequence[Group]) -> List[TeTcTable]:
 
 def k_sensitivity(groups: Sequence[Group]) -> List[Dict[str, object]]:
     """Per (experiment, M, rate) with CP-SGD runs: ``{'experiment', 'num_workers',
-    'rate', 'k': [...], 'final_val_acc': [...], 'te': [...], 'references':
+    'rate', 'k': [...], 'final_val_acc': [...], 'final_val_acc_std': [...] (std over
+    seeds, None for one seed), 'te': [...], 'references':
     {label: (final_val_acc, te)}}`` (k ascending; references: S-SGD, BIT-SGD, OD-SGD)."""
     out = []
     seen = []
@@ -264,6 +265,7 @@ def k_sensitivity(groups: Sequence[Group]) -> List[Dict[str, object]]:
                 if g.algorithm in ("ssgd", "bitsgd", "odsgd")}
         out.append({"experiment": exp, "num_workers": m, "rate": rate, "k": ks,
                     "final_val_acc": [cp[k].mean("final_val_acc") for k in ks],
+                    "final_val_acc_std": [cp[k].std("final_val_acc") for k in ks],
                     "te": [cp[k].mean("te") for k in ks],
                     "epochs": min([cp[k].epochs for k in ks] or [0]),
                     "references": refs})
