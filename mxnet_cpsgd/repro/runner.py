@@ -84,6 +84,10 @@ def validate_spec(spec: Dict[str, object]) -> None:
     experiments = spec.get("experiments") or [{}]
     if not isinstance(experiments, list):
         raise SpecError("'experiments' must be a list")
+    for exp in experiments:
+        if isinstance(exp, dict) and exp.get("kind", "train") not in ("train", "bench"):
+            raise SpecError("experiment %r: kind must be train (default) or bench"
+                            % exp.get("name", "main"))
     if not spec.get("script") and any(isinstance(e, dict) and not bench_runs.is_bench(e)
                                       for e in experiments):
         raise SpecError("the spec needs 'script' (the training script)")
@@ -96,8 +100,6 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("experiment %r: unknown key(s) %s" % (exp.get("name"),
                                                                  ", ".join(unknown)))
         name = exp.get("name", "main")
-        if exp.get("kind", "train") not in ("train", "bench"):
-            raise SpecError("experiment %r: kind must be train (default) or bench" % name)
         if bench_runs.is_bench(exp):
             try:
                 bench_runs.validate_bench_experiment(exp, spec)
