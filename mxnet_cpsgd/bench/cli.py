@@ -6,6 +6,10 @@ Usage::
         [--placement colocated|separate] [--emulate-compute MS]
         [--rates none,1gbit,100mbit] [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--timeline] [--out-dir DIR]
+
+``--algorithms`` also takes variants ``LABEL=STORE[:KNOB=VALUE...]`` (e.g.
+``k2=cpsgd:correction_period=2``): the store with its own knobs, named LABEL in
+every table, file and plot (docs/performance.md).
     cpsgd-bench --plot-workers A/results.json B/results.json --out-dir DIR
 
 Placement (``--placement``): ``colocated`` (default) gives every worker its own
