@@ -230,6 +230,7 @@ def test_bench_spec_expands_to_commands():
     ({"compare": [["k2"]]}, "pairs"),
     ({"reference": {"columns": ["SSGD"], "rows": {"M=2": [1, 2]}}}, "needs 1 values"),
     ({"kind": "nope"}, "kind must be"),
+    ({"runs": [{"label": "SSGD", "algorithm": "ssgd", "workers": [2]}]}, "not for bench runs"),
     ({"args": {"x": 1}}, "for training experiments"),
 ])
 def test_bad_bench_specs(change, message):

@@ -350,6 +350,8 @@ def _sweep_x(exp: BenchExperiment) -> Optional[Tuple[str, callable]]:
         try:
             [float(p.sweep_value) for p in exp.points]
         except (TypeError, ValueError):
+            if all(rate_mbit(p.rate) for p in exp.points):  # sweep: {rates: [...]}
+                return "link rate (Mbit/s)", lambda p: rate_mbit(p.rate)
             return None
         unit = " (ms)" if exp.sweep_flag == "emulate-compute" else ""
         return "--%s%s" % (exp.sweep_flag, unit), lambda p: float(p.sweep_value)

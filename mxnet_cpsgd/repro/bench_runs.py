@@ -177,6 +177,13 @@ def validate_bench_experiment(exp: Dict[str, object], spec: Dict[str, object]) -
         if not isinstance(values, list) or not values:
             raise BenchSpecError("bench experiment %r: sweep %s needs a list of values"
                                  % (name, flag))
+    for run in exp.get("runs", spec.get("runs")) or []:
+        misplaced = sorted(k for k in ("args", "env", "rates", "seeds", "workers")
+                           if isinstance(run, dict) and k in run)
+        if misplaced:
+            raise BenchSpecError("bench experiment %r, run %r: %s not for bench runs (every "
+                                 "run is measured in every invocation)"
+                                 % (name, run.get("label"), ", ".join(misplaced)))
     ref = exp.get("reference")
     if ref is not None:
         if not isinstance(ref, dict) or not isinstance(ref.get("columns"), list) \
@@ -407,7 +414,7 @@ def experiment_meta(exp: Dict[str, object], plans: Sequence[BenchPlan]) -> Dict[
             "args": ["%s %s" % ("--" + k, _value_text(v)) if v is not True else "--" + k
                      for k, v in args.items() if v is not None and v is not False],
             "workers": sorted({p.num_workers for p in ps}, reverse=True),
-            "rates": [str(args.get("rates", "none,1gbit,100mbit"))],
+            "rates": [_value_text(args.get("rates", "none,1gbit,100mbit"))],
             "seeds": [],
             "labels": first.labels if first else [],
             "sweep": ({first.sweep_flag: [p.sweep_value for p in ps
