@@ -6,6 +6,10 @@ Usage::
         [--placement colocated|separate] [--emulate-compute MS]
         [--rates none,1gbit,100mbit] [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--timeline] [--out-dir DIR]
+
+``--algorithms`` also takes variants ``LABEL=STORE[:KNOB=VALUE...]`` (e.g.
+``k2=cpsgd:correction_period=2``): the store with its own knobs, named LABEL in
+every table, file and plot (docs/performance.md).
     cpsgd-bench --plot-workers A/results.json B/results.json --out-dir DIR
 
 Placement (``--placement``): ``colocated`` (default) gives every worker its own
@@ -72,7 +76,7 @@ from mxnet_cpsgd.cluster import netem
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY, STOCK_SYNC, WORKLOADS
 
 from .runs import (BenchError, DEFAULT_ALGORITHMS, MODEL_ALIASES, THREAD_ENV, UNSHAPED,
-                   code_fingerprint, netns_available, parse_list, run_one)
+                   code_fingerprint, netns_available, parse_list, parse_variants, run_one)
 from .results import analyse, check_targets
 from .output import build_timelines, markdown_report, plot
 
@@ -152,7 +156,12 @@ def _parser():
                         "rates such as 50mbit,1gbit (default none,1gbit,100mbit)")
     p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
                    help="comma-separated store names (default %s); '%s' adds MXNet's own "
-                        "dist_sync store as a baseline" % (DEFAULT_ALGORITHMS, STOCK_SYNC))
+                        "dist_sync store as a baseline. A variant LABEL=STORE[:KNOB=VALUE"
+                        "...] runs STORE with its own knobs under LABEL, e.g. "
+                        "k2=cpsgd:correction_period=2 (they override --threshold, "
+                        "--correction-period, --algo-warmup-steps); ratios such as "
+                        "/bitsgd divide by the first variant of that store without knobs"
+                        % (DEFAULT_ALGORITHMS, STOCK_SYNC))
     p.add_argument("--iters", type=int, default=30, help="timed iterations (default 30)")
     p.add_argument("--warmup-iters", type=int, default=10,
                    help="discarded iterations before timing (default 10)")
@@ -233,22 +242,27 @@ def _validate(args):
                    if getattr(cls, "policy_class", None) is not None or is_allreduce(cls))
     args.allreduce_algorithms = sorted(name for name in known
                                        if is_allreduce(mx.kv.KVStoreBase.kv_registry[name]))
-    args.algorithm_list = parse_list(args.algorithms)
+    variants = parse_variants(args.algorithms)
     import importlib.util
     if importlib.util.find_spec("horovod") is None:
-        wanted = [a for a in args.algorithm_list if a in args.allreduce_algorithms]
+        wanted = [v.label for v in variants if v.store in args.allreduce_algorithms]
         if wanted and args.algorithms != DEFAULT_ALGORITHMS:
             raise BenchError("%s need Horovod (horovod.mxnet), which is not installed"
                              % ", ".join(wanted))
         if wanted:
             print("cpsgd-bench: skipping %s: Horovod is not installed" % ", ".join(wanted),
                   file=sys.stderr)
-            args.algorithm_list = [a for a in args.algorithm_list if a not in wanted]
-    unknown = [a for a in args.algorithm_list if a not in known and a != STOCK_SYNC]
-    if unknown or not args.algorithm_list:
+            variants = [v for v in variants if v.label not in wanted]
+    unknown = [v.store for v in variants if v.store not in known and v.store != STOCK_SYNC]
+    if unknown or not variants:
         raise BenchError("unknown algorithm(s) %s; known: %s"
                          % (", ".join(unknown) or "(none given)",
                             ", ".join(known + [STOCK_SYNC])))
+    args.variants = {}
+    for variant in variants:
+        variant = _checked_variant(variant, known, args)
+        args.variants[variant.label] = variant
+    args.algorithm_list = [v.label for v in args.variants.values()]
     args.rate_list = parse_list(args.rates)
     if not args.rate_list:
         raise BenchError("--rates is empty")
@@ -256,6 +270,44 @@ def _validate(args):
         if rate not in UNSHAPED:
             netem.parse_rate(rate)
     netem.parse_rate(args.unshaped_rate)
+
+
+def _checked_variant(variant, known, args):
+    """A variant whose label does not pass for another store and whose knobs
+    its store accepts, with typed values (the stores' own validators)."""
+    from mxnet_cpsgd.stores.config import KNOBS, ConfigError
+    import mxnet as mx
+    from mxnet_cpsgd.bench.worker import store_defaults
+    if variant.label.lower() == COMPUTE_ONLY:
+        raise BenchError("--algorithms: %r is the compute-only job's name, not a label"
+                         % variant.label)
+    named = variant.label.lower()
+    if (named in known or named == STOCK_SYNC) and (named != variant.store or variant.knobs):
+        # ratios such as /bitsgd refer to the plain store: a label must not pose as one
+        raise BenchError("--algorithms: label %r names a store; use it only for that store "
+                         "without knobs" % variant.label)
+    if not variant.knobs:
+        return variant
+    accepted = ({} if variant.store == STOCK_SYNC else
+                store_defaults(mx.kv.KVStoreBase.kv_registry[variant.store]))
+    typed = {}
+    for name, value in variant.knobs.items():
+        if name not in KNOBS:
+            raise BenchError("--algorithms %s: unknown knob %r; knobs: %s"
+                             % (variant.label, name, ", ".join(sorted(KNOBS))))
+        if name not in accepted:
+            raise BenchError("--algorithms %s: store %s does not use knob %r; it accepts: %s"
+                             % (variant.label, variant.store, name,
+                                ", ".join(sorted(accepted)) or "no knobs"))
+        try:
+            typed[name] = KNOBS[name][0]("%s:%s" % (variant.label, name), value)
+        except ConfigError as err:
+            raise BenchError("--algorithms %s: %s" % (variant.label, err)) from None
+    if typed.get("warmup_steps", 0) > args.warmup_iters:
+        raise BenchError("--algorithms %s: warmup_steps (%d) > --warmup-iters (%d): timed "
+                         "iterations would include the algorithm's S-SGD warm-up"
+                         % (variant.label, typed["warmup_steps"], args.warmup_iters))
+    return type(variant)(variant.label, variant.store, typed)
 
 
 def write_outputs(result: dict, out_dir: str) -> str:
@@ -277,7 +329,8 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
     with open(path) as f:
         result = json.load(f)
     result["rows"], result["compute_ms"] = analyse(result["runs"],
-                                                   result["config"]["num_servers"])
+                                                   result["config"]["num_servers"],
+                                                   result["config"].get("variants"))
     result["checks"] = check_targets(result["rows"], result["compute_ms"], result["config"])
     result["rerendered"] = datetime.datetime.now().isoformat(timespec="seconds")
     out_dir = out_dir or os.path.dirname(os.path.abspath(path))
@@ -372,12 +425,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if bar is not None:
             bar.close()
 
-    rows, compute_ms = analyse(runs, args.num_servers)
+    rows, compute_ms = analyse(runs, args.num_servers,
+                               [v.as_dict() for v in args.variants.values()])
     config = {k: getattr(args, k) for k in (
         "placement", "emulate_compute", "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
         "algo_warmup_steps", "threshold", "correction_period", "timeline", "repeats",
         "timeline_iters", "unshaped_rate", "engine_threads")}
-    config.update({"rates": rates, "algorithms": args.algorithm_list, "none_mode": none_mode,
+    config.update({"rates": rates, "algorithms": args.algorithm_list,
+                   "variants": [v.as_dict() for v in args.variants.values()],
+                   "none_mode": none_mode,
                    "thread_env": dict(THREAD_ENV,
                                       MXNET_CPU_WORKER_NTHREADS=str(args.engine_threads))})
     result = {

@@ -6,7 +6,7 @@ from typing import Dict, List
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
-from .runs import fmt_value, rate_sort_key, rate_bps
+from .runs import fmt_value, rate_sort_key, rate_bps, reference_labels
 
 
 # ------------------------------------------------------------------- output
@@ -81,6 +81,12 @@ def markdown_report(result: dict) -> str:
                cfg["correction_period"], result["started"],
                "/".join("%.2f" % x for x in result["load_start"]),
                "/".join("%.2f" % x for x in result["load_end"])), ""]
+    variants = [v for v in cfg.get("variants") or [] if v["knobs"] or v["label"] != v["store"]]
+    if variants:
+        out += ["Algorithm variants (their knobs override the ones above): " + "; ".join(
+            "%s = %s%s" % (v["label"], v["store"], "".join(
+                " %s=%s" % kv for kv in v["knobs"].items()))
+            for v in variants) + ".", ""]
     out.append(markdown_table(result["rows"], TIME_COLUMNS))
     out += ["", markdown_table(result["rows"], RESOURCE_COLUMNS)]
     out += ["", "ms/iter: the timed window (up to the moment all work it issued had "
@@ -207,8 +213,10 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
         made.append({"label": "%s @ %s merged trace" % (run["algorithm"], run["rate"]),
                      "path": os.path.relpath(path, out_dir), "overlap": overlap})
         by_rate.setdefault(run["rate"], {})[run["algorithm"]] = {"workers": workers}
+    refs = reference_labels(result["config"].get("variants"))
     for rate, algos in by_rate.items():
-        chosen = [a for a in ("bitsgd", "cpsgd", "horovod") if a in algos]
+        chosen = [refs.get(a, a) for a in ("bitsgd", "cpsgd", "horovod")
+                  if refs.get(a, a) in algos]
         chosen += [a for a in algos if a not in chosen][:max(0, 3 - len(chosen))]
         panels = [{"label": "%s @ %s" % (a, rate), "workers": algos[a]["workers"]}
                   for a in chosen]

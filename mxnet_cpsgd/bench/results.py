@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
-from .runs import UNSHAPED, median_of, rate_bps
+from .runs import UNSHAPED, median_of, rate_bps, reference_labels
 
 # targets of issue 15 (docs/performance.md)
 EMULATED_VS_BITSGD = 0.75     # emulated compute, transfer ~ compute
@@ -25,7 +25,8 @@ BALANCE = 1.5
 
 def summarize(run: dict, num_servers: int) -> dict:
     """The table row of one run (None values where not measured)."""
-    row = {"rate": run["rate"], "algorithm": run["algorithm"], "failure": run["failure"],
+    row = {"rate": run["rate"], "algorithm": run["algorithm"],
+           "store": run.get("store", run["algorithm"]), "failure": run["failure"],
            "load_before": run["load_before"], "load_after": run["load_after"]}
     workers = run["workers"]
     if run["failure"] or not workers:
@@ -115,7 +116,8 @@ def combine_repeats(rows: List[dict]) -> List[dict]:
         if not good:
             combined.append(group[0])
             continue
-        row = {"rate": rate, "algorithm": algorithm, "failure": None,
+        row = {"rate": rate, "algorithm": algorithm, "store": good[0].get("store", algorithm),
+               "failure": None,
                "repeats": len(good), "failed_repeats": len(group) - len(good),
                "repeat_mean_ms": [r["mean_ms"] for r in good],
                "load_before": [r["load_before"] for r in good],
@@ -140,16 +142,28 @@ def combine_repeats(rows: List[dict]) -> List[dict]:
     return combined
 
 
-def add_ratios(rows: List[dict], compute_ms: Optional[float]) -> None:
+def add_ratios(rows: List[dict], compute_ms: Optional[float],
+               variants: Optional[List[dict]] = None) -> None:
+    """Ratios of every row to compute-only, its bounds and the same rate's
+    ssgd, bitsgd and horovod rows.
+
+    Args:
+        rows: table rows (changed in place).
+        compute_ms: the compute-only job's ms/iter (None: not measured).
+        variants: ``config['variants']``: ``vs_bitsgd`` etc. divide by the first
+            variant of that store without knobs (None: by the row named so).
+    """
     by_key = {(r["rate"], r["algorithm"]): r for r in rows}
+    refs = reference_labels(variants)
     for row in rows:
         t = row.get("mean_ms")
         if t is None:
             continue
         for ref in ("ssgd", "bitsgd", "horovod"):
-            other = by_key.get((row["rate"], ref), {}).get("mean_ms")
+            label = refs.get(ref, ref) if variants else ref
+            other = by_key.get((row["rate"], label), {}).get("mean_ms")
             row["vs_" + ref] = t / other if other else None
-            other_rss = by_key.get((row["rate"], ref), {}).get("peak_rss_mb")
+            other_rss = by_key.get((row["rate"], label), {}).get("peak_rss_mb")
             row["rss_vs_" + ref] = row["peak_rss_mb"] / other_rss if other_rss else None
         row["vs_compute"] = t / compute_ms if compute_ms else None
         bound = row.get("transfer_bound_ms")
@@ -168,15 +182,19 @@ def check_targets(rows: List[dict], compute_ms: Optional[float],
     config = config or {}
     emulated = bool(config.get("emulate_compute"))
     colocated = config.get("placement", "separate") == "colocated"
+    variants = config.get("variants")
+    refs = reference_labels(variants) if variants else {}
+    label = {name: refs.get(name, name) for name in ("cpsgd", "ssgd", "horovod")}
     by_key = {(r["rate"], r["algorithm"]): r for r in rows}
     checks = []
     for row in rows:
-        if row["algorithm"] != "cpsgd" or row.get("mean_ms") is None:
+        if row["algorithm"] != label["cpsgd"] or row.get("mean_ms") is None:
             continue
         rate = row["rate"]
-        ssgd = by_key.get((rate, "ssgd"), {}).get("mean_ms")
+        ssgd = by_key.get((rate, label["ssgd"]), {}).get("mean_ms")
         # the uncompressed exchange's transfer bound against the compute time
-        ref = by_key.get((rate, "horovod")) or by_key.get((rate, "ssgd")) or {}
+        ref = (by_key.get((rate, label["horovod"])) or by_key.get((rate, label["ssgd"]))
+               or {})
         balance = (ref.get("transfer_bound_ms") / compute_ms
                    if ref.get("transfer_bound_ms") and compute_ms else None)
         balanced = balance is not None and 1 / BALANCE <= balance <= BALANCE
@@ -204,12 +222,18 @@ def check_targets(rows: List[dict], compute_ms: Optional[float],
     return checks
 
 
-def analyse(runs: List[dict], num_servers: int):
-    """Table rows (one per rate and algorithm, ratios added) and compute-only ms."""
+def analyse(runs: List[dict], num_servers: int, variants: Optional[List[dict]] = None):
+    """Table rows (one per rate and algorithm, ratios added) and compute-only ms.
+
+    Args:
+        runs: the runs' records (results.json ``runs``).
+        num_servers: servers of the job (for estimated server links).
+        variants: ``config['variants']`` (see :func:`add_ratios`).
+    """
     rows = combine_repeats([summarize(r, num_servers) for r in runs])
     compute_row = next((r for r in rows if r["algorithm"] == COMPUTE_ONLY), None)
     compute_ms = compute_row.get("mean_ms") if compute_row else None
     if compute_row is not None:
         compute_row["rate"] = "-"
-    add_ratios(rows, compute_ms)
+    add_ratios(rows, compute_ms, variants)
     return rows, compute_ms

@@ -5,10 +5,12 @@ is one) and collecting what its workers wrote; the code fingerprint of a result.
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from mxnet_cpsgd.cluster import launch, netem
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
@@ -34,6 +36,93 @@ class BenchError(RuntimeError):
 
 def parse_list(text: str) -> List[str]:
     return [t.strip().lower() for t in text.split(",") if t.strip()]
+
+
+#: what a variant's label may contain (it names files and table rows)
+LABEL_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One entry of ``--algorithms``: a table label, the store it runs and the
+    knobs it sets (over the bench-wide ``--threshold`` etc.).
+
+    Args:
+        label: the name in every table, file name and plot (``k5``).
+        store: the registered store name (``cpsgd``).
+        knobs: store knob -> value (validated, typed), e.g. ``{'correction_period': 5}``.
+    """
+    label: str
+    store: str
+    knobs: Dict[str, object] = field(default_factory=dict)
+
+    def spec(self) -> str:
+        """The variant as ``--algorithms`` syntax (a plain name when it is one)."""
+        if self.label == self.store and not self.knobs:
+            return self.store
+        return "%s=%s" % (self.label, ":".join(
+            [self.store] + ["%s=%s" % kv for kv in self.knobs.items()]))
+
+    def as_dict(self) -> dict:
+        return {"label": self.label, "store": self.store, "knobs": dict(self.knobs)}
+
+
+def parse_variants(text: str) -> List[Variant]:
+    """``--algorithms`` syntax into variants, knob values still strings.
+
+    Entries are comma-separated; each is a plain store name (``ssgd``, its
+    label is the name, lower-cased as before) or ``LABEL=STORE[:KNOB=VALUE...]``
+    (``k5=cpsgd:correction_period=5``; the label keeps its case).
+
+    Raises:
+        BenchError: a malformed entry, a label used twice.
+    """
+    variants: List[Variant] = []
+    for entry in (t.strip() for t in text.split(",")):
+        if not entry:
+            continue
+        head, _, rest = entry.partition(":")
+        if "=" not in head:
+            if rest:
+                raise BenchError("--algorithms %r: knobs need a label, e.g. "
+                                 "mylabel=%s" % (entry, entry))
+            variants.append(Variant(entry.lower(), entry.lower()))
+            continue
+        label, _, store = head.partition("=")
+        label, store = label.strip(), store.strip().lower()
+        if not LABEL_RE.match(label):
+            raise BenchError("--algorithms %r: a label is letters, digits and _ . + - "
+                             "only, got %r" % (entry, label))
+        if not store:
+            raise BenchError("--algorithms %r: no store after %r=" % (entry, label))
+        knobs: Dict[str, object] = {}
+        for item in (rest.split(":") if rest else []):
+            name, eq, value = item.partition("=")
+            name = name.strip().replace("-", "_")
+            if not eq or not name or not value.strip():
+                raise BenchError("--algorithms %r: %r is not KNOB=VALUE" % (entry, item))
+            if name in knobs:
+                raise BenchError("--algorithms %r: knob %s given twice" % (entry, name))
+            knobs[name] = value.strip()
+        variants.append(Variant(label, store, knobs))
+    labels = [v.label for v in variants]
+    twice = sorted({l for l in labels if labels.count(l) > 1})
+    if twice:
+        raise BenchError("--algorithms: label(s) used twice: %s" % ", ".join(twice))
+    return variants
+
+
+def reference_labels(variants) -> Dict[str, str]:
+    """Store name -> the label of the first variant that runs it without knobs
+    (the row that ratios such as ``/bitsgd`` divide by).  ``variants``: Variant
+    objects or their dicts (a results.json's ``config['variants']``); None or
+    empty (a results.json from before variants): every name is its own label."""
+    refs: Dict[str, str] = {}
+    for v in variants or ():
+        v = v if isinstance(v, dict) else v.as_dict()
+        if not v["knobs"]:
+            refs.setdefault(v["store"], v["label"])
+    return refs
 
 
 def rate_bps(rate: str) -> Optional[float]:
@@ -70,17 +159,31 @@ def fmt_value(value, spec="%.1f", missing="-"):
 
 def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
             stream, profile: bool = True) -> dict:
-    """One launcher job; returns the run's record (workers' JSON + job outcome)."""
+    """One launcher job; returns the run's record (workers' JSON + job outcome).
+
+    Args:
+        args: the bench's parsed arguments (``args.variants``: label -> Variant).
+        rate: the link rate (or none/loopback).
+        algorithm: a variant's label (or ``compute``): its store and knobs come
+            from ``args.variants``; a label not found there is a plain store name.
+        run_dir: where the workers write their JSON and the nodes their logs.
+        use_netns: run in emulated hosts (network namespaces).
+        stream: where the nodes' output goes as it comes (None: only the logs).
+        profile: profile ``--timeline-iters`` iterations when ``--timeline``.
+    """
     os.makedirs(run_dir, exist_ok=True)
+    variant = getattr(args, "variants", {}).get(algorithm) or Variant(algorithm, algorithm)
     command = [sys.executable, "-m", "mxnet_cpsgd.bench.worker",
-               "--model", args.model, "--algorithm", algorithm,
+               "--model", args.model, "--algorithm", variant.store,
                "--batch-size", str(args.batch_size), "--iters", str(args.iters),
                "--warmup-iters", str(args.warmup_iters),
                "--algo-warmup-steps", str(args.algo_warmup_steps),
                "--threshold", str(args.threshold),
                "--correction-period", str(args.correction_period),
                "--num-servers", str(args.num_servers), "--out-dir", run_dir]
-    allreduce = algorithm in getattr(args, "allreduce_algorithms", ())
+    if variant.knobs:
+        command += ["--knobs", json.dumps(variant.knobs)]
+    allreduce = variant.store in getattr(args, "allreduce_algorithms", ())
     placement = getattr(args, "placement", "separate")
     emulate_ms = getattr(args, "emulate_compute", 0.0) or 0.0
     num_hosts, _ = launch.host_of_nodes(args.num_workers, args.num_servers, placement,
@@ -129,7 +232,8 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     if failure is not None:
         tail = "\n".join(result.output.splitlines()[-15:])
         failure = "%s\n%s" % (failure, tail)
-    return {"rate": rate, "algorithm": algorithm, "emulate_network": emulate,
+    return {"rate": rate, "algorithm": algorithm, "store": variant.store,
+            "knobs": dict(variant.knobs), "emulate_network": emulate,
             "placement": placement, "allreduce": allreduce, "emulate_compute_ms": emulate_ms,
             "num_hosts": num_hosts,
             "run_dir": run_dir, "failure": failure, "returncode": result.returncode,

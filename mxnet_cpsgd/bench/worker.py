@@ -58,6 +58,9 @@ def _parser():
     p.add_argument("--algo-warmup-steps", type=int, default=5)
     p.add_argument("--threshold", type=float, default=0.5)
     p.add_argument("--correction-period", type=int, default=5)
+    p.add_argument("--knobs", default=None, metavar="JSON",
+                   help="a JSON object of store knobs (an algorithm variant of cpsgd-bench); "
+                        "they override --threshold/--correction-period/--algo-warmup-steps")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--netns", action="store_true",
@@ -282,7 +285,22 @@ def _wait_for_rendezvous(timeout=120.0):
             time.sleep(0.1)
 
 
+def store_defaults(cls) -> dict:
+    """The knobs a store class accepts, with their defaults ({} for none):
+    a parameter-server store's policy's, an all-reduce compressor's."""
+    policy = getattr(cls, "policy_class", None)
+    if policy is not None:
+        return dict(policy.defaults)
+    compressor = getattr(cls, "compressor_class", None)
+    return dict(getattr(compressor, "defaults", None) or {})
+
+
+def _variant_knobs(args) -> dict:
+    return json.loads(args.knobs) if args.knobs else {}
+
+
 def _knobs(algorithm, args):
+    """The bench-wide knobs the store uses, then the variant's own (which win)."""
     defaults = _store_class(algorithm).policy_class.defaults
     knobs = {}
     if "threshold" in defaults:
@@ -291,6 +309,7 @@ def _knobs(algorithm, args):
         knobs["correction_period"] = args.correction_period
     if "warmup_steps" in defaults:
         knobs["warmup_steps"] = args.algo_warmup_steps
+    knobs.update(_variant_knobs(args))
     return knobs
 
 
@@ -335,7 +354,7 @@ def _main(args):
         knobs = {}
     elif is_allreduce(_any_store_class(args.algorithm)):
         _wait_for_rendezvous()
-        knobs = {}
+        knobs = _variant_knobs(args)
         store = _any_store_class(args.algorithm)(knobs)
         barrier_kv = None
     else:

@@ -40,6 +40,7 @@ from .summary import (TeTcTable, setting_keys, setting_name, accuracy_table, epo
 from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pct, md_table,
                        te_tc_markdown, te_tc_relative_markdown)
 from .plots import plot_curves, plot_k_sensitivity
+from . import bench_report
 
 
 # ----------------------------------------------------------------------------
@@ -55,6 +56,7 @@ class Report:
     te_tc: List[TeTcTable]
     k_sensitivity: List[Dict[str, object]]
     findings: List[str]
+    bench: List[bench_report.BenchExperiment] = None
 
 
 def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
@@ -78,10 +80,12 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     os.makedirs(out_dir, exist_ok=True)
     # figures of an earlier report that this one may not write again
     for stale in glob.glob(os.path.join(out_dir, "curves-*.png")) + \
-            glob.glob(os.path.join(out_dir, "k-sensitivity.png")):
+            glob.glob(os.path.join(out_dir, "k-sensitivity.png")) + \
+            glob.glob(os.path.join(out_dir, "bench-sweep-*.png")):
         os.remove(stale)
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
+    bench_exps = bench_report.load(root, meta)
     summaries = [summarize_run(r) for r in runs]
     groups = group_runs(summaries)
     purposes = {e.get("name"): e.get("purpose", "both") for e in meta.get("experiments") or []}
@@ -120,15 +124,31 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                  ", ".join(e.get("labels") or [])] for e in meta["experiments"]]
         md += [md_table(["experiment", "its flags", "M", "network", "seeds", "runs"], rows,
                         ["l"] * 6), ""]
-    md += ["Per epoch, a run's value is the mean over its workers; Te/Tc are the mean "
-           "epoch time / communication time over the epochs after the first; runs that "
-           "differ only by seed are averaged (`+-`: std over seeds). Accuracies in %. "
-           "See docs/reproduce.md.", ""]
+    if runs or not bench_exps:
+        md += ["Per epoch, a run's value is the mean over its workers; Te/Tc are the mean "
+               "epoch time / communication time over the epochs after the first; runs that "
+               "differ only by seed are averaged (`+-`: std over seeds). Accuracies in %. "
+               "See docs/reproduce.md.", ""]
 
     analysis = os.path.join(root, "analysis.md")
     if os.path.isfile(analysis):
         with open(analysis) as f:
             md += ["## Analysis", "", f.read().strip(), ""]
+
+    if bench_exps:
+        bench_md, bench_figures = bench_report.markdown(bench_exps, out_dir, plots)
+        md += bench_md
+        figures += bench_figures
+    if not runs and bench_exps:
+        # a benchmark-only reproduction: no training logs to tabulate
+        notes = meta.get("notes")
+        if notes:
+            md += ["## Notes", "", str(notes).strip(), ""]
+        text = "\n".join(md).rstrip() + "\n"
+        path = os.path.join(out_dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
 
     md += ["## Final accuracy", ""]
     md += [accuracy_markdown(acc_rows, timing_only) if acc_rows
@@ -196,7 +216,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     path = os.path.join(out_dir, name)
     with open(path, "w") as f:
         f.write(text)
-    return Report(path, text, figures, acc_rows, tables, ksens, found)
+    return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
 
 
 def reference_markdown(ref: Dict[str, object]) -> str:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from . import logs, markdown, summary
+from . import bench_runs, logs, markdown, summary
 from . import report as report_mod
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +40,9 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "env")
 #: top-level / experiment keys
 EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates", "seeds", "runs",
-                   "labels", "num_servers", "job_timeout", "timeout", "description")
+                   "labels", "num_servers", "job_timeout", "timeout", "description",
+                   # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
+                   "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
                                "report_name")
 #: flags reproduce sets itself for every run
@@ -79,11 +81,16 @@ def validate_spec(spec: Dict[str, object]) -> None:
     if unknown:
         raise SpecError("unknown spec key(s): %s (known: %s)" % (
             ", ".join(unknown), ", ".join(SPEC_KEYS)))
-    if not spec.get("script"):
-        raise SpecError("the spec needs 'script' (the training script)")
     experiments = spec.get("experiments") or [{}]
     if not isinstance(experiments, list):
         raise SpecError("'experiments' must be a list")
+    for exp in experiments:
+        if isinstance(exp, dict) and exp.get("kind", "train") not in ("train", "bench"):
+            raise SpecError("experiment %r: kind must be train (default) or bench"
+                            % exp.get("name", "main"))
+    if not spec.get("script") and any(isinstance(e, dict) and not bench_runs.is_bench(e)
+                                      for e in experiments):
+        raise SpecError("the spec needs 'script' (the training script)")
     names = set()
     for exp in experiments:
         if not isinstance(exp, dict):
@@ -93,6 +100,11 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("experiment %r: unknown key(s) %s" % (exp.get("name"),
                                                                  ", ".join(unknown)))
         name = exp.get("name", "main")
+        if bench_runs.is_bench(exp):
+            try:
+                bench_runs.validate_bench_experiment(exp, spec)
+            except bench_runs.BenchSpecError as err:
+                raise SpecError(str(err)) from None
         if exp.get("purpose", "both") not in ("both", "accuracy", "timing"):
             raise SpecError("experiment %r: purpose must be both, accuracy or timing" % name)
         if name in names:
@@ -263,6 +275,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
     runs in spec order."""
     plans: List[RunPlan] = []
     for exp in spec.get("experiments") or [{}]:
+        if bench_runs.is_bench(exp):
+            continue  # expand_bench_plans
         name = exp.get("name", "main")
         script = exp.get("script", spec["script"])
         base_args = _merge_args(spec.get("args"), exp.get("args"))
@@ -321,6 +335,23 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
     if dup:
         raise SpecError("two runs share an id (give them distinct labels): %s" % ", ".join(dup))
     return plans
+
+
+def expand_bench_plans(spec: Dict[str, object]) -> List[bench_runs.BenchPlan]:
+    """Every cpsgd-bench invocation of the spec's ``kind: bench`` experiments."""
+    try:
+        return bench_runs.expand_bench(spec, RUN_KEYS, _grid_points, _label)
+    except bench_runs.BenchSpecError as err:
+        raise SpecError(str(err)) from None
+
+
+def select_bench(plans: Sequence[bench_runs.BenchPlan], only: Sequence[str],
+                 experiments: Sequence[str]) -> List[bench_runs.BenchPlan]:
+    """Bench invocations of ``experiments`` (empty: all) whose id (``te-tc/M4``)
+    matches one of ``only`` (shell patterns; empty: all)."""
+    return [p for p in plans
+            if (not experiments or p.experiment in experiments)
+            and (not only or any(fnmatch.fnmatchcase(p.invocation_id, pat) for pat in only))]
 
 
 #: the algorithm knobs of the training scripts (see train_common.KNOB_FLAGS)
@@ -522,8 +553,12 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
                          command: str, plans: Sequence[RunPlan]) -> None:
     common = args_to_argv(_merge_args(spec.get("args")))
     experiments = []
+    bench_plans = expand_bench_plans(spec)
     for exp in spec.get("experiments") or [{}]:
         name = exp.get("name", "main")
+        if bench_runs.is_bench(exp):
+            experiments.append(bench_runs.experiment_meta(exp, bench_plans))
+            continue
         ps = [p for p in plans if p.experiment == name]
         experiments.append({
             "name": name, "args": args_to_argv(_merge_args(exp.get("args"))),
@@ -536,6 +571,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
     meta = {"experiments": experiments, "name": spec.get("name"), "title": spec.get("title"),
             "description": spec.get("description"), "notes": spec.get("notes"),
             "spec_path": spec_path, "command": command, "script": spec.get("script"),
+            "bench_invocations": [p.invocation_id for p in bench_plans],
             "common_args": common, "environment": environment_info(),
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
             "runs": [p.run_id for p in plans]}
@@ -557,7 +593,8 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
     """
     plans = expand(spec)
     chosen = select(plans, only, experiments)
-    if not chosen:
+    chosen_bench = select_bench(expand_bench_plans(spec), only, experiments)
+    if not chosen and not chosen_bench:
         raise SpecError("no run matches --only/--experiment")
     python = python or sys.executable
     command = command or "cpsgd-reproduce %s -o %s" % (spec_path or "SPEC", out)
@@ -589,6 +626,12 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
         _say(progress, "[%d/%d] %s: %s in %.0f s%s%s" % (
             i, len(chosen), plan.run_id, meta["status"], meta.get("wall_time") or 0,
             brief, (" (%s)" % meta["failure"]) if meta.get("failure") else ""))
+    try:
+        failed += bench_runs.run_all(chosen_bench, out, python, force,
+                                     lambda text: _say(progress, text), _now, echo)
+    except KeyboardInterrupt:
+        _say(progress, "interrupted; rerun the same command to continue")
+        return 130
     if report:
         rep = report_mod.generate(out, name=spec.get("report_name") or "report.md")
         _say(progress, "report: %s" % rep.markdown_path)
@@ -663,6 +706,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.dry_run:
             for p in plans:
                 print("%s: %s" % (p.run_id, p.launch_text()))
+            for p in select_bench(expand_bench_plans(spec), args.only, args.experiment):
+                print("%s: %s" % (p.invocation_id, p.command_text()))
             return 0
         return reproduce(spec, out, args.spec, command, args.only, args.experiment,
                          args.force, args.if_no_emulation, args.python,
