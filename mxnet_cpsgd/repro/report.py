@@ -106,6 +106,11 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     md: List[str] = ["# %s" % title, ""]
     if meta.get("description"):
         md += [str(meta["description"]).strip(), ""]
+    # the hand-written reading of the results (claims against ours) comes first
+    analysis = os.path.join(root, "analysis.md")
+    if os.path.isfile(analysis):
+        with open(analysis) as f:
+            md += ["## Analysis", "", f.read().strip(), ""]
     md += ["## How this report was produced", ""]
     if meta.get("command"):
         md += ["Runs produced by:", "", "```", str(meta["command"]), "```", ""]
@@ -130,10 +135,6 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "differ only by seed are averaged (`+-`: std over seeds). Accuracies in %. "
                "See docs/reproduce.md.", ""]
 
-    analysis = os.path.join(root, "analysis.md")
-    if os.path.isfile(analysis):
-        with open(analysis) as f:
-            md += ["## Analysis", "", f.read().strip(), ""]
 
     if bench_exps:
         bench_md, bench_figures = bench_report.markdown(bench_exps, out_dir, plots)
