@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import numpy as np
@@ -296,3 +297,53 @@ def test_compression_params_are_rejected(horovodrun, tag):
     assert code == 0, out[-4000:]
     assert "compression_params['threshold'] is not used by kvstore 'horovod'; " \
            "it accepts: no settings" in out, out[-4000:]
+
+
+# ----------------------------------------------------------------------------
+# a rendezvous service that starts after the workers
+
+_RANK_SCRIPT = ("import mxnet as mx, mxnet_cpsgd; kv = mx.kv.create('horovod'); "
+                "print('rank', kv.rank, 'of', kv.num_workers, flush=True)")
+
+
+def _start(cmd, env):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            cwd=REPO, start_new_session=True, universal_newlines=True)
+
+
+def test_workers_wait_for_a_late_rendezvous(horovodrun, tag):
+    """Workers started 15 s before the rendezvous service (a loaded machine, a cold
+    import of Horovod) wait for it instead of aborting in Horovod's HTTP client."""
+    from mxnet_cpsgd.cluster.launch import _horovod_env, free_port
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = _env(tag)
+        env.update(_horovod_env(rank, ["localhost"] * 2, "127.0.0.1", port, own_hosts=False))
+        procs.append(_start([sys.executable, "-c", _RANK_SCRIPT], env))
+    time.sleep(15)
+    assert all(p.poll() is None for p in procs), [p.communicate()[0] for p in procs]
+    server = _start([sys.executable, "-m", "mxnet_cpsgd.cluster.rendezvous", "--port",
+                     str(port), "--hosts", "localhost,localhost"], _env(tag))
+    try:
+        outs = [p.communicate(timeout=JOB_TIMEOUT)[0] for p in procs]
+        for rank, (p, out) in enumerate(zip(procs, outs)):
+            assert p.returncode == 0, out[-3000:]
+            assert "rank %d of 2" % rank in out, out[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_missing_rendezvous_fails_with_a_message(horovodrun, tag):
+    from mxnet_cpsgd.cluster.launch import _horovod_env, free_port
+    env = _env(tag)
+    env.update(_horovod_env(0, ["localhost"], "127.0.0.1", free_port(), own_hosts=False))
+    env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "2"
+    code, out = _run_group([sys.executable, "-c", _RANK_SCRIPT], env, JOB_TIMEOUT)
+    assert code not in (0, None), out
+    assert "rendezvous service at 127.0.0.1:" in out and "within 2 s" in out, out[-3000:]

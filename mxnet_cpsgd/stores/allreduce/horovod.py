@@ -63,6 +63,46 @@ def _import_horovod():
     return hvd
 
 
+#: seconds a worker waits for the Gloo rendezvous service to accept connections:
+#: Horovod's own Gloo timeout variable when set, else this default
+RENDEZVOUS_WAIT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+DEFAULT_RENDEZVOUS_WAIT = 120.0
+
+
+def init_horovod(hvd):
+    """``hvd.init()``, once the job's Gloo rendezvous service accepts connections.
+
+    Horovod 0.28.1's Gloo client gives up (and aborts the process with SIGABRT)
+    after a few seconds of refused HTTP requests, so a worker that starts before
+    a slow rendezvous service (a loaded machine, a cold import of Horovod) would
+    die.  Waiting here for the address in ``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``
+    (set by horovodrun and by cpsgd-launch) bounds that wait by
+    ``HOROVOD_GLOO_TIMEOUT_SECONDS`` (Horovod's Gloo timeout; 120 s when unset)
+    and says what failed.
+    Without those variables (MPI, a single process) it just calls ``hvd.init()``.
+    """
+    import socket
+    import time
+    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if addr and port:
+        wait = float(os.environ.get(RENDEZVOUS_WAIT_ENV, DEFAULT_RENDEZVOUS_WAIT))
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                socket.create_connection((addr, int(port)), timeout=5).close()
+                break
+            except OSError as err:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        "kvstore '%s': the Horovod rendezvous service at %s:%s did not "
+                        "accept a connection within %g s (%s); is the job's launcher "
+                        "(horovodrun, cpsgd-launch) running? %s sets the wait"
+                        % (NAME, addr, port, wait, err, RENDEZVOUS_WAIT_ENV)) from None
+                time.sleep(0.2)
+    hvd.init()
+
+
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -124,7 +164,7 @@ class Horovod(mx.kv.KVStoreBase):
         # no knobs: any setting (argument or MXNET_CPSGD_* variable) is an error
         self._config = config_mod.resolve(NAME, {}, config, os.environ)
         hvd = _import_horovod()
-        hvd.init()
+        init_horovod(hvd)
         self._hvd = hvd
         self._prefix = "mxnet_cpsgd.%d" % _instances[0]
         _instances[0] += 1
@@ -248,7 +288,7 @@ def distributed_trainer(params, optimizer, optimizer_params=None, **kwargs):
         the ``hvd.DistributedTrainer``.
     """
     hvd = _import_horovod()
-    hvd.init()
+    init_horovod(hvd)
     trainer = hvd.DistributedTrainer(params, optimizer, optimizer_params, **kwargs)
     size = trainer._process_set.size()
     in_framework = getattr(trainer, "_average_in_framework", None)

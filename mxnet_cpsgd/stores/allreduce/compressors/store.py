@@ -64,7 +64,7 @@ class CompressedHorovod(_hvd_store.Horovod):
         except ImportError as err:
             raise ImportError(str(err).replace("kvstore '%s'" % _hvd_store.NAME,
                                                "kvstore '%s'" % name, 1)) from None
-        hvd.init()
+        _hvd_store.init_horovod(hvd)
         self._hvd = hvd
         self._prefix = "mxnet_cpsgd.%d" % _hvd_store._instances[0]
         _hvd_store._instances[0] += 1
