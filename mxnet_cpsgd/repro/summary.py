@@ -181,8 +181,12 @@ def accuracy_table(groups: Sequence[Group]) -> List[Dict[str, object]]:
     final/best validation accuracy, final train accuracy and loss (means over
     seeds), their std over seeds, and the final accuracy minus S-SGD's of the same
     (experiment, M, rate) in percentage points."""
-    ssgd = {(g.experiment, g.num_workers, g.rate): g.mean("final_val_acc")
-            for g in groups if g.label == "SSGD" or g.algorithm == "ssgd"}
+    # the run labelled SSGD is the reference; else the first plain ssgd run (a variant
+    # such as "SSGD-mom0" must not replace it)
+    ssgd: Dict[Tuple[str, int, Optional[str]], Optional[float]] = {}
+    for g in sorted(groups, key=lambda g: g.label != "SSGD"):
+        if g.label == "SSGD" or g.algorithm == "ssgd":
+            ssgd.setdefault((g.experiment, g.num_workers, g.rate), g.mean("final_val_acc"))
     rows = []
     for g in groups:
         final = g.mean("final_val_acc")
