@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from mxnet_cpsgd.repro import markdown, report
+from mxnet_cpsgd.repro import logs, markdown, report
 from mxnet_cpsgd.repro.logs import load_runs, read_run
 from mxnet_cpsgd.repro import runner as reproduce
 
@@ -160,7 +160,7 @@ def test_run_is_complete(tmp_path):
     assert not reproduce.run_is_complete(plan, run_dir)
     _fake_logs(run_dir, 2, 2)
     assert not reproduce.run_is_complete(plan, run_dir)   # no run.json
-    reproduce._write_json(os.path.join(run_dir, "run.json"),
+    logs.write_json(os.path.join(run_dir, "run.json"),
                           reproduce.run_meta(plan, status="ok"))
     assert reproduce.run_is_complete(plan, run_dir)
     _fake_logs(run_dir, 2, 1)                               # an epoch missing
@@ -253,14 +253,14 @@ def test_failed_attempt_is_kept_and_reported(tmp_path):
     out = str(tmp_path)
     run_dir = plan.directory(out)
     _fake_logs(run_dir, 2, 1)
-    reproduce._write_json(os.path.join(run_dir, "run.json"), reproduce.run_meta(
+    logs.write_json(os.path.join(run_dir, "run.json"), reproduce.run_meta(
         plan, status="failed", failure="worker 1 exited with code 1", wall_time=9.0))
     reproduce._clear_logs(run_dir)          # what a rerun does first
     assert not os.path.exists(os.path.join(run_dir, "log.json"))
     kept = os.path.join(run_dir, "attempts", "1")
     assert sorted(os.listdir(kept)) == ["log.json", "log.rank1.json", "run.json"]
     _fake_logs(run_dir, 2, 2)               # the rerun succeeded
-    reproduce._write_json(os.path.join(run_dir, "run.json"),
+    logs.write_json(os.path.join(run_dir, "run.json"),
                           reproduce.run_meta(plan, status="ok"))
     runs = load_runs(out)
     assert len(runs) == 1                   # the attempt is not a run of its own

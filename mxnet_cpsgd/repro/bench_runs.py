@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from . import logs
+
 BENCH = "bench"
 INVOCATION_META = "invocation.json"
 #: flags cpsgd-reproduce sets on every bench invocation itself
@@ -295,14 +297,6 @@ def is_complete(plan: BenchPlan, out: str) -> bool:
             and os.path.isfile(os.path.join(directory, "results.json")))
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def execute(plan: BenchPlan, out: str, python: str, now, echo=None) -> Dict[str, object]:
     """Run one bench invocation and write its ``invocation.json``; returns it.
 
@@ -357,7 +351,7 @@ def execute(plan: BenchPlan, out: str, python: str, now, echo=None) -> Dict[str,
                      failure=failure, started=started, finished=now(),
                      wall_time=round(time.monotonic() - t0, 2), python=python,
                      interrupted=interrupted)
-    _write_json(os.path.join(directory, INVOCATION_META), meta)
+    logs.write_json(os.path.join(directory, INVOCATION_META), meta)
     if interrupted:
         raise KeyboardInterrupt
     return meta

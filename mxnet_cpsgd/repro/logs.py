@@ -61,6 +61,15 @@ class Run:
         return int(k) if k is not None else 5  # the store's default
 
 
+def write_json(path: str, obj) -> None:
+    """Write ``obj`` as JSON through a temporary file, so a reader never sees half of it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
 def read_json_lines(path: str) -> List[Dict[str, object]]:
     """The JSON objects of a JSON-lines file (blank and broken lines skipped: a
     run killed while writing leaves at most one broken last line)."""

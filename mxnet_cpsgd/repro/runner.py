@@ -420,14 +420,6 @@ def _clear_logs(run_dir: str) -> None:
         os.remove(os.path.join(run_dir, name))
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -477,7 +469,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             meta = run_meta(plan, status="failed" if if_no_emulation == "fail" else "skipped",
                             returncode=None, wall_time=0.0, started=_now(), finished=_now(),
                             failure="network emulation unavailable: %s" % emulation_error)
-            _write_json(os.path.join(run_dir, logs.RUN_META), meta)
+            logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
@@ -501,7 +493,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
         meta["failure"] = "the job succeeded but its logs are incomplete"
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
-    _write_json(os.path.join(run_dir, logs.RUN_META), meta)
+    logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
 
 
@@ -576,8 +568,8 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)
-    _write_json(os.path.join(out, logs.REPRODUCE_META), meta)
-    _write_json(os.path.join(out, "spec.json"), spec)
+    logs.write_json(os.path.join(out, logs.REPRODUCE_META), meta)
+    logs.write_json(os.path.join(out, "spec.json"), spec)
 
 
 def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None,
