@@ -28,7 +28,7 @@ import pytest
 
 import compressor_reference as ref
 from reference import SGD
-from test_horovod import JOB_TIMEOUT, _env, _kill_tagged, _python_c, _run_group
+from test_horovod import JOB_TIMEOUT, _env, _kill_tagged, _python_c, run_horovod_job
 
 try:
     import pytest_timeout  # noqa: F401
@@ -74,7 +74,7 @@ def job():
     try:
         cmd = [exe, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER,
                out_dir, json.dumps(RUNS)]
-        code, out = _run_group(cmd, _env(tag), JOB_TIMEOUT)
+        code, out = run_horovod_job(cmd, _env(tag), JOB_TIMEOUT)
         assert code == 0, "horovodrun %s:\n%s" % (
             "timed out" if code is None else "exited %s" % code, out[-6000:])
         results = {"output": out}

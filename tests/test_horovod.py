@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -117,10 +118,33 @@ def _run_group(cmd, env, timeout):
             proc.wait()
 
 
+#: How a crash inside MXNet's own kernels shows in a Horovod job's output: seen once
+#: in CI (test_horovod_matches_ssgd[kvstore-same], rank 0 printed MXNet's
+#: "Segmentation fault: 11" and its waitall raised oneDNN's "could not execute a
+#: primitive"), not reproduced in 81 runs of the same job here, 50 of them with the
+#: cores busy.  Our code on that path is one hvd.allreduce_ per key.
+KERNEL_CRASH = ("Segmentation fault", "could not execute a primitive")
+
+
+def run_horovod_job(cmd, env, timeout):
+    """``_run_group(cmd, env, timeout)``, run once more after a kernel crash.
+
+    A job whose output shows :data:`KERNEL_CRASH` is repeated once, with a warning
+    that keeps the first output's tail; any other failure (wrong results, a
+    timeout, an error of ours) is returned as it is, and so is a second crash.
+    """
+    code, out = _run_group(cmd, env, timeout)
+    if code not in (0, None) and any(sign in out for sign in KERNEL_CRASH):
+        warnings.warn("horovod job crashed inside MXNet (exit %s); running it once more. "
+                      "First output:\n%s" % (code, out[-3000:]))
+        code, out = _run_group(cmd, env, timeout)
+    return code, out
+
+
 def run_horovod(horovodrun, mode, init, out_dir, tag):
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
            sys.executable, WORKER, mode, init, out_dir]
-    code, out = _run_group(cmd, _env(tag), JOB_TIMEOUT)
+    code, out = run_horovod_job(cmd, _env(tag), JOB_TIMEOUT)
     assert code == 0, "horovodrun %s %s %s:\n%s" % (
         mode, init, "timed out" if code is None else "exited %s" % code, out[-6000:])
     return load(out_dir, mode, init, out)
@@ -200,7 +224,7 @@ def test_horovod_matches_ssgd(horovodrun, ssgd_weights, mode, init, out_dir, tag
 def test_store_api_two_processes(horovodrun, tag):
     """broadcast / pushpull semantics of the store itself, on 2 Horovod processes."""
     cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, "api"]
-    code, out = _run_group(cmd, _env(tag), JOB_TIMEOUT)
+    code, out = run_horovod_job(cmd, _env(tag), JOB_TIMEOUT)
     assert code == 0, out[-6000:]
     assert "api ok rank=0 size=2" in out and "api ok rank=1 size=2" in out, out[-6000:]
 
