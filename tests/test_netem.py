@@ -141,8 +141,34 @@ def test_parse_spec(text, expected):
     assert spec.delay_s == pytest.approx(expected.delay_s)
 
 
+@pytest.mark.parametrize("text,rate,delay,queue", [
+    ("50mbit,fair", "50mbit", None, "fair"),
+    ("50mbit,FIFO", "50mbit", None, "fifo"),
+    ("1gbit,0.2ms,fifo", "1gbit", "0.2ms", "fifo"),
+    ("100mbit", "100mbit", None, "fifo"),
+])
+def test_parse_spec_queue(text, rate, delay, queue):
+    spec = netem.parse_spec(text)
+    assert (spec.rate, spec.delay, spec.queue) == (rate, delay, queue)
+    net = netem.EmulatedNetwork.from_spec(2, spec)
+    assert (net.rate, net.delay, net.queue) == (rate, delay, queue)
+
+
+@pytest.mark.parametrize("args,message", [
+    ((2, "50mbit", "1ms", "fair"), "'fair' with a delay"),
+    ((2, None, None, "fair"), "give a rate"),
+    ((2, "50mbit", None, "sfq"), "bad queue 'sfq'"),
+])
+def test_queue_rejects(args, message):
+    with pytest.raises(netem.NetemError, match=message):
+        netem.EmulatedNetwork(*args)
+
+
 @pytest.mark.parametrize("text,message", [
     ("", "expected RATE"),
+    ("1gbit,0.2ms,fair", "'fair' with a delay"),
+    ("fair", "bad rate"),
+    ("1gbit,fair,0.2ms", "expected RATE"),
     ("100", "bad rate"),
     ("100mb", "bad rate"),
     ("0mbit", "bad rate"),
@@ -204,6 +230,111 @@ def test_shaping_limits_throughput(network, tmp_path):
     assert measured <= 1.1 * rate, "measured %.1f Mbit/s" % (measured / 1e6)
     # and it is shaping, not a broken link
     assert measured >= 0.3 * rate, "measured %.1f Mbit/s" % (measured / 1e6)
+
+
+# Receiver of two flows: one listening port each; prints the bytes of each and the
+# seconds from the first byte to the last, over both
+RECEIVER2 = r"""
+import socket, sys, threading, time
+address, nbytes, ports = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+got, stamps = {}, []
+def serve(server, port):
+    conn, _ = server.accept()
+    conn.settimeout(30)
+    got[port] = 0
+    while got[port] < nbytes:
+        data = conn.recv(1 << 16)
+        if not data:
+            break
+        stamps.append(time.monotonic())
+        got[port] += len(data)
+servers = []
+for port in ports:
+    server = socket.socket()
+    server.bind((address, port))
+    server.listen(1)
+    server.settimeout(30)
+    servers.append(threading.Thread(target=serve, args=(server, port)))
+print("listening", flush=True)
+for t in servers:
+    t.start()
+for t in servers:
+    t.join()
+print(" ".join(str(got.get(p, 0)) for p in ports), "%.6f" % (max(stamps) - min(stamps)),
+      flush=True)
+"""
+
+SENDER2 = r"""
+import socket, sys, threading
+def send(port):
+    conn = socket.create_connection((sys.argv[1], port), timeout=30)
+    conn.sendall(b"x" * int(sys.argv[2]))
+    conn.close()
+threads = [threading.Thread(target=send, args=(int(p),)) for p in sys.argv[3:]]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def _class_bytes(tc, dev):
+    """{leaf classid: bytes sent} of the htb tree on ``dev`` (``tc -s class show``)."""
+    out = subprocess.run(tc + ["-s", "class", "show", "dev", dev], capture_output=True,
+                         text=True, check=True).stdout
+    found, current = {}, None
+    for line in out.splitlines():
+        match = re.match(r"class htb (1:[0-9a-f]+) parent 1:1 ", line)
+        if line.startswith("class "):
+            current = match.group(1) if match else None
+        sent = re.match(r"\s*Sent (\d+) bytes", line)
+        if sent and current:
+            found[current] = int(sent.group(1))
+    return found
+
+
+@needs_netns
+def test_fair_queue_splits_flows_by_port(network, tmp_path):
+    """queue='fair': each link direction has the htb tree; two flows to two ports
+    go through two different leaves (port & 63) at both ends, within the rate."""
+    rate, nbytes, ports = 50e6, 1_500_000, (5001, 5002)
+    (tmp_path / "recv.py").write_text(RECEIVER2)
+    (tmp_path / "send.py").write_text(SENDER2)
+    with network(2, "50mbit", queue="fair") as net:
+        sender, receiver = net.nodes
+        send_side = ["tc", "-n", sender.netns]
+        recv_side = ["tc"]
+        for node in net.nodes:
+            for argv, dev in ((["tc", "-n", node.netns], "eth0"), (["tc"], node.host_link)):
+                qdiscs = subprocess.run(argv + ["qdisc", "show", "dev", dev],
+                                        capture_output=True, text=True, check=True).stdout
+                assert "qdisc htb 1: root" in qdiscs and "tbf" not in qdiscs, qdiscs
+                assert qdiscs.count("qdisc bfifo") == netem.FAIR_BUCKETS, qdiscs
+        recv = subprocess.Popen(receiver.wrap([sys.executable, str(tmp_path / "recv.py"),
+                                               receiver.address, str(nbytes)]
+                                              + [str(p) for p in ports]),
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert recv.stdout.readline().strip() == "listening"
+            subprocess.run(sender.wrap([sys.executable, str(tmp_path / "send.py"),
+                                        receiver.address, str(nbytes)]
+                                       + [str(p) for p in ports]),
+                           check=True, timeout=60)
+            fields = recv.communicate(timeout=60)[0].split()
+        finally:
+            recv.kill()
+            recv.wait()
+        sent = _class_bytes(send_side, "eth0")
+        received = _class_bytes(recv_side, receiver.host_link)
+    assert [int(x) for x in fields[:2]] == [nbytes, nbytes]
+    for port in ports:
+        leaf = "1:%x" % (0x10 + port % netem.FAIR_BUCKETS)
+        assert sent[leaf] >= nbytes and received[leaf] >= nbytes, (leaf, sent, received)
+    measured = 2 * nbytes * 8 / float(fields[2])
+    print("fair queue: %.1f Mbit/s over both flows; leaves %s" % (
+        measured / 1e6, {k: v for k, v in sent.items() if v > 10000}))
+    assert 0.3 * rate <= measured <= 1.1 * rate, "measured %.1f Mbit/s" % (measured / 1e6)
+    assert leftovers_of(net.name) == []
 
 
 @needs_netns

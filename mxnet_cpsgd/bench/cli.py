@@ -4,7 +4,8 @@ Usage::
 
     cpsgd-bench [--model cifar_resnet20_v1] [-n 2] [-s S] [--batch-size 32]
         [--placement colocated|separate] [--emulate-compute MS]
-        [--rates none,1gbit,100mbit] [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
+        [--rates none,1gbit,100mbit] [--queue fifo|fair]
+        [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--timeline] [--out-dir DIR]
 
 ``--algorithms`` also takes variants ``LABEL=STORE[:KNOB=VALUE...]`` (e.g.
@@ -43,7 +44,10 @@ links so fast (``--unshaped-rate``, default 100gbit) that tbf never queues, so
 bytes can still be counted; ``loopback`` runs on 127.0.0.1 like a plain
 launcher job (no byte counts); any tc rate (``100mbit``, ``1gbit``) shapes
 both directions of every node's link.  Namespaces need root; without it
-``none`` falls back to ``loopback`` and shaped rates are skipped.
+``none`` falls back to ``loopback`` and shaped rates are skipped.  ``--queue``
+picks the shaped links' queue discipline: ``fifo`` (default; one tbf FIFO per
+link direction, the flows of a link take turns) or ``fair`` (the flows share
+the rate, as with a Linux host's default fq_codel; mxnet_cpsgd.cluster.netem).
 
 How the numbers are made (docs/performance.md has the details):
 
@@ -154,6 +158,10 @@ def _parser():
     p.add_argument("--rates", default="none,1gbit,100mbit",
                    help="comma-separated: none (namespaces, unshaped), loopback, or tc "
                         "rates such as 50mbit,1gbit (default none,1gbit,100mbit)")
+    p.add_argument("--queue", choices=netem.QUEUES, default="fifo",
+                   help="queue discipline of the shaped links: fifo (default; one FIFO "
+                        "per link direction) or fair (the TCP flows of a link share its "
+                        "rate, like a Linux host's fq_codel)")
     p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
                    help="comma-separated store names (default %s); '%s' adds MXNet's own "
                         "dist_sync store as a baseline. A variant LABEL=STORE[:KNOB=VALUE"
@@ -430,7 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = {k: getattr(args, k) for k in (
         "placement", "emulate_compute", "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
         "algo_warmup_steps", "threshold", "correction_period", "timeline", "repeats",
-        "timeline_iters", "unshaped_rate", "engine_threads")}
+        "timeline_iters", "unshaped_rate", "engine_threads", "queue")}
     config.update({"rates": rates, "algorithms": args.algorithm_list,
                    "variants": [v.as_dict() for v in args.variants.values()],
                    "none_mode": none_mode,

@@ -72,7 +72,12 @@ def markdown_report(result: dict) -> str:
                "colocated": "one emulated host per worker running that worker and one "
                             "server, the scheduler on host 0",
                "separate": "every node on its own emulated host"}.get(placement, placement),
-               compute), "",
+               compute),
+           "Shaped links' queue: %s." % {
+               "fifo": "fifo (one tbf FIFO per link direction)",
+               "fair": "fair (the TCP flows of a link direction share its rate: htb "
+                       "with 64 leaf classes by destination port)"}.get(
+               cfg.get("queue", "fifo"), cfg.get("queue")), "",
            "Model %s, %d workers, %d server(s), batch %d per worker, %d timed iterations "
            "after %d discarded (algorithm warm-up %d steps), threshold %g, correction "
            "period %d; started %s; load average (1/5/15 min) at start %s, at end %s." % (
@@ -107,7 +112,7 @@ def markdown_report(result: dict) -> str:
             "timed window divided by its length (this machine has %s cores); other load = "
             "the rest of the machine's busy CPU time (other processes, kernel work "
             "such as softirq networking) over the same window, in cores; "
-            "drops/iter = packets the emulated links' tbf queues dropped per timed iteration "
+            "drops/iter = packets the emulated links' queues dropped per timed iteration "
             "(all nodes, both directions; a dropped packet may be a 64 KB GSO segment); "
             "peak RSS = largest worker VmHWM. `none` = %s." % (result["cpu_count"],
                                                                cfg["none_mode"]), ""]

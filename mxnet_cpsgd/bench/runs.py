@@ -200,6 +200,8 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     emulate = None
     if use_netns:
         emulate = args.unshaped_rate if rate in UNSHAPED else rate
+        if rate not in UNSHAPED and getattr(args, "queue", "fifo") != "fifo":
+            emulate += "," + args.queue
     if algorithm == COMPUTE_ONLY:
         emulate = args.unshaped_rate if use_netns else None  # nothing to shape
     env = dict(THREAD_ENV)

@@ -135,12 +135,19 @@ def _tbf_drops(argv):
         out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    found = re.findall(r"dropped (\d+)", out)
-    return sum(int(x) for x in found) if found else None
+    # a 'fair' link's htb root counts its leaves' drops again: count the leaves
+    found, kind = [], None
+    for line in out.splitlines():
+        if line.startswith("qdisc "):
+            kind = line.split()[1]
+        match = re.search(r"dropped (\d+)", line)
+        if match and kind != "htb":
+            found.append(int(match.group(1)))
+    return sum(found) if found else None
 
 
 def read_drops(job, num_nodes, root_pid):
-    """Packets the tbf queues of every node's link dropped so far.
+    """Packets the queues of every node's link (tbf, or a fair link's leaves) dropped so far.
 
     Returns ``{'send': n, 'receive': n}`` summed over the job's nodes: a node's
     sending side is the qdisc on ``eth0`` in its namespace, its receiving side

@@ -4,7 +4,7 @@ Usage::
 
     python -m mxnet_cpsgd.launch -n WORKERS -s SERVERS [--timeout SECONDS]
         [--job-timeout SECONDS] [--port PORT] [--env KEY=VALUE ...]
-        [--emulate-network RATE[,DELAY]] [--log-dir DIR] -- COMMAND ARGS...
+        [--emulate-network RATE[,DELAY][,QUEUE]] [--log-dir DIR] -- COMMAND ARGS...
 
 Servers and the scheduler run ``python -c "import mxnet"`` (importing MXNet in
 a process whose DMLC_ROLE is server or scheduler runs that node); workers run
@@ -695,8 +695,9 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         timeout: seconds from noticing the end of the job (failure, signal or
             the last worker's exit) until every process is gone.
         job_timeout: seconds the whole job may run, or None for no limit.
-        emulate_network: ``'RATE[,DELAY]'`` to run every node in its own
-            network namespace with shaped links (root only), or None.
+        emulate_network: ``'RATE[,DELAY][,QUEUE]'`` to run every node in its own
+            network namespace with shaped links (root only; QUEUE ``fifo``, the
+            default, or ``fair``, see :mod:`mxnet_cpsgd.cluster.netem`), or None.
         log_dir: directory for one log per node (created if needed), or None.
         stream: where lines are printed as they come (None: only collected).
         port: the scheduler's port (default: a free one).
@@ -720,7 +721,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
 
     Raises:
         LaunchError: invalid arguments (nothing was started).
-        netem.NetemError: network emulation unavailable or bad RATE[,DELAY].
+        netem.NetemError: network emulation unavailable or bad RATE[,DELAY][,QUEUE].
     """
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     env = dict(env or {})
@@ -849,10 +850,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="scheduler port (default: a free one)")
     parser.add_argument("--env", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                         help="environment for every node (repeatable)")
-    parser.add_argument("--emulate-network", metavar="RATE[,DELAY]", default=None,
+    parser.add_argument("--emulate-network", metavar="RATE[,DELAY][,QUEUE]", default=None,
                         help="run each node in its own network namespace with links "
                              "shaped to RATE (e.g. 100mbit) and optional one-way DELAY "
-                             "(e.g. 0.2ms; needs netem in the kernel); root only")
+                             "(e.g. 0.2ms; needs netem in the kernel); QUEUE fifo "
+                             "(default: one FIFO per link direction) or fair (the TCP "
+                             "flows of a link share its rate; not with DELAY); root only")
     parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
     hosts = parser.add_argument_group(
         "several machines (over ssh)",

@@ -6,6 +6,16 @@ namespace by a veth pair, with both directions of its link shaped by
 what it receives) and, when a delay is given, a ``netem`` delay on the
 namespace end, so that the one-way delay between any two nodes is DELAY.
 
+Queue discipline (``queue``): ``'fifo'`` (the default) queues every packet a link
+direction has to send in one FIFO (tbf's, 400 ms of traffic deep); ``'fair'``
+shares the rate between the TCP flows instead, as a Linux host's default
+fq_codel does: an HTB class at the rate with :data:`FAIR_BUCKETS` leaf classes
+that split the link by deficit round robin, each TCP packet hashed to a leaf by
+its destination port.  With one FIFO the flows of one link take turns (a burst
+of one flow holds back the others behind it); a parameter server's pushes and
+pulls share every host's link, so the queue changes what the stores measure
+(docs/performance.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
+
 Nodes get addresses 198.18.0.10, 198.18.0.11, ... from 198.18.0.0/15 (the
 range reserved for benchmarks).  The bridge gets no address: nodes talk to
 each other at layer 2 only, so the root namespace's routing table is never
@@ -55,6 +65,10 @@ _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
 _RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+#: the queue disciplines a link can have (see the module docstring)
+QUEUES = ("fifo", "fair")
+#: leaf classes of a 'fair' link; two flows share one with probability 1/64
+FAIR_BUCKETS = 64
 
 # Networks that are set up and not yet closed, for the atexit/signal cleanup.
 _LIVE: Set["EmulatedNetwork"] = set()
@@ -67,18 +81,20 @@ class NetemError(RuntimeError):
 
 @dataclass(frozen=True)
 class NetworkSpec:
-    """A parsed ``RATE[,DELAY]`` setting.
+    """A parsed ``RATE[,DELAY][,QUEUE]`` setting.
 
     Args:
         rate: rate in tc syntax, e.g. ``'100mbit'``.
         rate_bps: the rate in bits per second.
         delay: one-way delay in tc syntax (e.g. ``'0.2ms'``) or None.
         delay_s: the delay in seconds (0 when None).
+        queue: ``'fifo'`` or ``'fair'`` (see the module docstring).
     """
     rate: str
     rate_bps: float
     delay: Optional[str] = None
     delay_s: float = 0.0
+    queue: str = "fifo"
 
 
 def parse_rate(text: str) -> float:
@@ -114,24 +130,40 @@ def parse_delay(text: str) -> float:
 
 
 def parse_spec(text: str) -> NetworkSpec:
-    """Parse the launcher's ``--emulate-network RATE[,DELAY]`` value.
+    """Parse the launcher's ``--emulate-network RATE[,DELAY][,QUEUE]`` value.
 
     Args:
-        text: e.g. ``'100mbit'`` or ``'1gbit,0.2ms'``.
+        text: e.g. ``'100mbit'``, ``'1gbit,0.2ms'`` or ``'50mbit,fair'``; QUEUE is
+            ``fifo`` (the default) or ``fair``.
 
     Raises:
         NetemError: with a message naming the expected syntax.
     """
-    parts = text.split(",")
-    if len(parts) not in (1, 2) or not parts[0].strip():
-        raise NetemError("bad --emulate-network value %r: expected RATE[,DELAY], "
-                         "e.g. 100mbit or 1gbit,0.2ms" % text)
-    rate = parts[0].strip().lower()
-    rate_bps = parse_rate(rate)
-    if len(parts) == 1:
-        return NetworkSpec(rate, rate_bps)
-    delay = parts[1].strip().lower()
-    return NetworkSpec(rate, rate_bps, delay, parse_delay(delay))
+    parts = [part.strip().lower() for part in text.split(",")]
+    queue = "fifo"
+    if len(parts) > 1 and parts[-1] in QUEUES:
+        queue = parts.pop()
+    if len(parts) not in (1, 2) or not parts[0]:
+        raise NetemError("bad --emulate-network value %r: expected RATE[,DELAY][,QUEUE] "
+                         "with QUEUE fifo or fair, e.g. 100mbit, 1gbit,0.2ms or 50mbit,fair"
+                         % text)
+    rate_bps = parse_rate(parts[0])
+    delay = parts[1] if len(parts) == 2 else None
+    spec = NetworkSpec(parts[0], rate_bps, delay, parse_delay(delay) if delay else 0.0, queue)
+    _check_queue(spec.queue, spec.rate, spec.delay)
+    return spec
+
+
+def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
+    if queue not in QUEUES:
+        raise NetemError("bad queue %r: expected one of %s" % (queue, ", ".join(QUEUES)))
+    if queue == "fair" and not rate:
+        raise NetemError("queue 'fair' shares a rate between flows: give a rate")
+    if queue == "fair" and delay:
+        # netem's child would be the htb tree; not built (this kernel has no netem to
+        # test it on)
+        raise NetemError("queue 'fair' with a delay is not supported; give RATE,fair "
+                         "or RATE,DELAY")
 
 
 def check_available() -> None:
@@ -209,6 +241,47 @@ def _tbf_args(rate_bps: float, rate: str) -> List[str]:
     return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
 
 
+def _fair_queue_batch(dev: str, rate_bps: float, rate: str) -> str:
+    """``tc -batch`` lines that give ``dev`` a 'fair' queue at ``rate``.
+
+    One HTB class at the rate (tbf's burst) over FAIR_BUCKETS leaves, each
+    guaranteed 1/FAIR_BUCKETS of it and allowed all of it, so busy leaves split
+    the rate by deficit round robin (16 KiB quantum); each leaf queues in a
+    bfifo as deep as tbf's queue.  A u32 hash on the low bits of the TCP
+    destination port picks the leaf; other packets go to the first leaf.
+    """
+    tbf = _tbf_args(rate_bps, rate)
+    burst, limit = tbf[tbf.index("burst") + 1], tbf[tbf.index("limit") + 1]
+    share = max(8000, int(rate_bps / FAIR_BUCKETS))
+    lines = ["qdisc add dev %s root handle 1: htb default 10 r2q 1000" % dev,
+             "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %s cburst %s"
+             % (dev, rate, rate, burst, burst)]
+    for bucket in range(FAIR_BUCKETS):
+        leaf = "%x" % (0x10 + bucket)
+        lines.append("class add dev %s parent 1:1 classid 1:%s htb rate %dbit ceil %s "
+                     "burst %s cburst %s quantum 16384" % (dev, leaf, share, rate, burst, burst))
+        lines.append("qdisc add dev %s parent 1:%s bfifo limit %s" % (dev, leaf, limit))
+    lines.append("filter add dev %s parent 1: prio 1 handle 2: protocol ip u32 divisor %d"
+                 % (dev, FAIR_BUCKETS))
+    for bucket in range(FAIR_BUCKETS):
+        lines.append("filter add dev %s parent 1: prio 1 protocol ip u32 ht 2:%x: "
+                     "match u32 0 0 flowid 1:%x" % (dev, bucket, 0x10 + bucket))
+    # offset 20: the TCP header of an IPv4 packet without options; the mask keeps
+    # the destination port's low bits (the word holds source and destination port)
+    lines.append("filter add dev %s parent 1: prio 1 protocol ip u32 ht 800:: "
+                 "match ip protocol 6 0xff hashkey mask 0x%08x at 20 link 2:"
+                 % (dev, FAIR_BUCKETS - 1))
+    return "\n".join(lines) + "\n"
+
+
+def _tc_batch(text: str, netns: Optional[str] = None) -> None:
+    """Run ``tc [-n netns] -batch -`` on ``text``; NetemError when it fails."""
+    argv = ["tc"] + (["-n", netns] if netns else []) + ["-batch", "-"]
+    done = subprocess.run(argv, input=text, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise NetemError("%s failed: %s" % (" ".join(argv), done.stderr.strip()))
+
+
 class EmulatedNetwork:
     """Namespaces joined by one bridge, with shaped links; a context manager.
 
@@ -218,19 +291,24 @@ class EmulatedNetwork:
             e.g. ``'100mbit'``, or None for unshaped links.
         delay: optional one-way delay between two nodes in tc syntax, e.g.
             ``'0.2ms'`` (added as netem on each node's sending side).
+        queue: ``'fifo'`` (default) or ``'fair'``, the queue discipline of
+            every shaped link direction (see the module docstring); ``'fair'``
+            needs a rate and no delay.
 
     Raises:
         NetemError: bad arguments, or emulation unavailable (checked on enter).
     """
 
     def __init__(self, num_nodes: int, rate: Optional[str],
-                 delay: Optional[str] = None) -> None:
+                 delay: Optional[str] = None, queue: str = "fifo") -> None:
         if not 1 <= num_nodes <= MAX_NODES:
             raise NetemError("num_nodes must be in 1..%d, got %r" % (MAX_NODES, num_nodes))
         self.rate = rate.strip().lower() if rate else None
         self.rate_bps = parse_rate(self.rate) if self.rate else 0.0
         self.delay = delay.strip().lower() if delay else None
         self.delay_s = parse_delay(self.delay) if self.delay else 0.0
+        _check_queue(queue, self.rate, self.delay)
+        self.queue = queue
         self.num_nodes = num_nodes
         self.name = ""
         self.bridge = ""
@@ -241,13 +319,13 @@ class EmulatedNetwork:
 
     @classmethod
     def from_spec(cls, num_nodes: int, spec: NetworkSpec) -> "EmulatedNetwork":
-        """Build from a parsed ``RATE[,DELAY]``.
+        """Build from a parsed ``RATE[,DELAY][,QUEUE]``.
 
         Args:
             num_nodes: how many nodes.
             spec: the result of :func:`parse_spec`.
         """
-        return cls(num_nodes, spec.rate, spec.delay)
+        return cls(num_nodes, spec.rate, spec.delay, spec.queue)
 
     def __enter__(self) -> "EmulatedNetwork":
         self.setup()
@@ -315,6 +393,10 @@ class EmulatedNetwork:
             if self.delay:
                 _run(["tc", "-n", netns, "qdisc", "add", "dev", "eth0", "root", "netem",
                       "delay", self.delay])
+            return EmulatedNode(index, netns, address, host_link)
+        if self.queue == "fair":  # same two directions, htb+u32 instead of tbf
+            _tc_batch(_fair_queue_batch(host_link, self.rate_bps, self.rate))
+            _tc_batch(_fair_queue_batch("eth0", self.rate_bps, self.rate), netns)
             return EmulatedNode(index, netns, address, host_link)
         tbf = _tbf_args(self.rate_bps, self.rate)
         # What the node receives: shaped where the bridge sends into its link.
