@@ -141,13 +141,17 @@ def _horovod_available():
 def test_bench_horovod_in_emulated_hosts(tmp_path):
     """A 2-worker Horovod/Gloo run, each worker on its own emulated host (own
     network and UTS namespace), an all-reduce compressor (topk) on the same
-    path, and cpsgd with colocated servers."""
+    path, and cpsgd with colocated servers; the links with the 'fair' queue."""
     out_dir = str(tmp_path / "bench")
     result = _run_bench(["--model", "lenet", "-n", "2", "--batch-size", "16",
                          "--rates", "100mbit", "--algorithms", "horovod,topk,cpsgd",
                          "--iters", "3", "--warmup-iters", "2", "--no-compute-only",
-                         "--job-timeout", "90"], out_dir, 400)
+                         "--queue", "fair", "--job-timeout", "90"], out_dir, 400)
     assert result["config"]["placement"] == "colocated"
+    assert result["config"]["queue"] == "fair"
+    assert {r["emulate_network"] for r in result["runs"]} == {"100mbit,fair"}
+    with open(os.path.join(out_dir, "results.md")) as f:
+        assert "Shaped links' queue: fair" in f.read()
     rows = {r["algorithm"]: r for r in result["rows"]}
     assert set(rows) == {"horovod", "topk", "cpsgd"}
     assert rows["topk"]["failure"] is None and rows["topk"]["vs_horovod"] > 0
@@ -158,6 +162,8 @@ def test_bench_horovod_in_emulated_hosts(tmp_path):
     assert set(hvd["link_bytes_per_iter"]) == {"host 0 up", "host 1 up",
                                                "host 0 down", "host 1 down"}
     assert rows["cpsgd"]["vs_horovod"] > 0
+    # the drop counters are read from the fair links' leaf queues
+    assert rows["cpsgd"].get("tbf_drops_per_iter") is not None, rows["cpsgd"]
 
 
 def test_bench_four_workers_emulated_compute(tmp_path):
