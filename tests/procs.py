@@ -3,8 +3,11 @@
 Every test that starts processes gives them an environment variable with a unique
 value; afterwards it asserts that none is left and SIGKILLs any that is.
 """
+import glob
 import os
+import re
 import signal
+import subprocess
 import time
 
 #: the environment variable that marks a test's processes (see the ``mark`` fixture)
@@ -65,3 +68,41 @@ def kill_marked(tries=3, **wanted):
             return
         kill_all(pids)
         time.sleep(0.2)
+
+
+def stop_group(proc, wait):
+    """End ``proc``'s process group (it was started with ``start_new_session``):
+    SIGTERM, so that it can tear its jobs down, then SIGKILL after ``wait`` s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def remove_networks_of(launcher_logs):
+    """Remove what is left of the emulated networks that the launcher logs
+    matching the glob ``launcher_logs`` name ("emulated network cpsgdXXXXX");
+    returns the namespaces and links that were left.  Networks of other jobs
+    running beside the tests are not touched."""
+    from mxnet_cpsgd.cluster import netem
+    try:
+        netem.check_available()
+    except netem.NetemError:
+        return []
+    mine = set()
+    for path in glob.glob(launcher_logs):
+        with open(path) as f:
+            mine.update(re.findall(r"emulated network (cpsgd[0-9a-f]{5})", f.read()))
+    left = netem.leftovers()
+    ns = [n for n in left["namespaces"] if n.split("-")[0] in mine]
+    links = [n for n in left["links"] if n[:10] in mine]
+    if ns or links:
+        netem.remove_leftovers(ns, links)
+    return ns + links

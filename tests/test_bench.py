@@ -9,16 +9,14 @@ failure the group gets SIGTERM (the launcher and the network emulation tear down
 their jobs and namespaces), then SIGKILL, and every namespace the run created
 is removed.
 """
-import glob
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from procs import remove_networks_of, stop_group
 
 from mxnet_cpsgd.cluster import netem
 from mxnet_cpsgd.bench.output import markdown_table
@@ -37,35 +35,10 @@ def _netns_available():
         return False
 
 
-def _created_networks(out_dir):
-    """Emulated network names the bench's jobs reported in their launcher logs."""
-    names = set()
-    for path in glob.glob(os.path.join(out_dir, "runs", "*", "logs", "launcher.log")):
-        with open(path) as f:
-            names.update(re.findall(r"emulated network (cpsgd[0-9a-f]{5})", f.read()))
-    return names
-
-
 def _teardown(proc, out_dir):
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    if _netns_available():
-        mine = _created_networks(out_dir)
-        left = netem.leftovers()
-        ns = [n for n in left["namespaces"] if n.split("-")[0] in mine]
-        links = [n for n in left["links"] if n[:10] in mine]
-        if ns or links:
-            netem.remove_leftovers(ns, links)
-        return ns + links
-    return []
+    """Stop the bench if it still runs; remove and return what its jobs left."""
+    stop_group(proc, 30)
+    return remove_networks_of(os.path.join(out_dir, "runs", "*", "logs", "launcher.log"))
 
 
 def test_bench_end_to_end(tmp_path):

@@ -8,16 +8,14 @@
   emulated compute, 3 timed iterations), in its own process group with a hang
   guard; numbers are not asserted, only that they exist and are consistent.
 """
-import glob
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 
 import pytest
 import yaml
+from procs import remove_networks_of, stop_group
 
 from mxnet_cpsgd.bench import cli as bench_cli
 from mxnet_cpsgd.bench.results import add_ratios
@@ -255,29 +253,9 @@ def _netns_available():
 def _teardown(proc, out):
     """Stop a reproduction still running (its process group) and remove the
     emulated networks its bench jobs created; returns what was left behind."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    if not _netns_available():
-        return []
-    mine = set()
-    for path in glob.glob(os.path.join(out, "bench", "*", "*", "runs", "*", "logs",
-                                       "launcher.log")):
-        with open(path) as f:
-            mine.update(re.findall(r"emulated network (cpsgd[0-9a-f]{5})", f.read()))
-    left = netem.leftovers()
-    ns = [n for n in left["namespaces"] if n.split("-")[0] in mine]
-    links = [n for n in left["links"] if n[:10] in mine]
-    if ns or links:
-        netem.remove_leftovers(ns, links)
-    return ns + links
+    stop_group(proc, 60)
+    return remove_networks_of(os.path.join(out, "bench", "*", "*", "runs", "*", "logs",
+                                           "launcher.log"))
 
 
 def _reproduce(argv, out, budget):
