@@ -121,8 +121,9 @@ def _run_group(cmd, env, timeout):
 #: How a crash inside MXNet's own kernels shows in a Horovod job's output: seen once
 #: in CI (test_horovod_matches_ssgd[kvstore-same], rank 0 printed MXNet's
 #: "Segmentation fault: 11" and its waitall raised oneDNN's "could not execute a
-#: primitive"), not reproduced in 81 runs of the same job here, 50 of them with the
-#: cores busy.  Our code on that path is one hvd.allreduce_ per key.
+#: primitive"), not reproduced here in 70 runs of the same job in a loop (about 30 of
+#: them while two busy loops held both cores) nor in the suite's own runs since.  Our
+#: code on that path is one hvd.allreduce_ per key.
 KERNEL_CRASH = ("Segmentation fault", "could not execute a primitive")
 
 
