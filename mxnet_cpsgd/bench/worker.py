@@ -273,25 +273,6 @@ def is_allreduce(cls) -> bool:
     return module.startswith(("mxnet_cpsgd.stores.allreduce", "mxnet_cpsgd.compressors"))
 
 
-def _wait_for_rendezvous(timeout=120.0):
-    """Wait until the job's Horovod rendezvous service accepts connections (it
-    starts together with the workers)."""
-    import socket
-    addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-    port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-    if not addr or not port:
-        return
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((addr, int(port)), timeout=2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
 def store_defaults(cls) -> dict:
     """The knobs a store class accepts, with their defaults ({} for none):
     a parameter-server store's policy's, an all-reduce compressor's."""
@@ -360,7 +341,7 @@ def _main(args):
         barrier_kv = None
         knobs = {}
     elif is_allreduce(_any_store_class(args.algorithm)):
-        _wait_for_rendezvous()
+        # the store's constructor waits for the job's rendezvous (init_horovod)
         knobs = _variant_knobs(args)
         store = _any_store_class(args.algorithm)(knobs)
         barrier_kv = None
