@@ -18,21 +18,12 @@ import time
 import pytest
 from procs import remove_networks_of, stop_group
 
-from mxnet_cpsgd.cluster import netem
 from mxnet_cpsgd.bench.output import markdown_table
 from mxnet_cpsgd.bench.results import summarize
-from mxnet_cpsgd.bench.runs import parse_list, rate_bps
+from mxnet_cpsgd.bench.runs import netns_available, parse_list, rate_bps
 
 #: a hang guard, not a timing check: the run takes about 40 s on an idle 2-core machine
 BUDGET_S = 300
-
-
-def _netns_available():
-    try:
-        netem.check_available()
-        return True
-    except netem.NetemError:
-        return False
 
 
 def _teardown(proc, out_dir):
@@ -42,7 +33,7 @@ def _teardown(proc, out_dir):
 
 
 def test_bench_end_to_end(tmp_path):
-    shaped = _netns_available()
+    shaped = netns_available()
     rates = "none,100mbit" if shaped else "none"
     out_dir = str(tmp_path / "bench")
     args = ["--model", "lenet", "-n", "2", "-s", "1", "--batch-size", "16", "--rates", rates,
@@ -109,7 +100,7 @@ def _horovod_available():
         return False
 
 
-@pytest.mark.skipif(not _netns_available(), reason="needs root and iproute2 (namespaces)")
+@pytest.mark.skipif(not netns_available(), reason="needs root and iproute2 (namespaces)")
 @pytest.mark.skipif(not _horovod_available(), reason="horovod.mxnet not installed")
 def test_bench_horovod_in_emulated_hosts(tmp_path):
     """A 2-worker Horovod/Gloo run, each worker on its own emulated host (own
@@ -142,7 +133,7 @@ def test_bench_horovod_in_emulated_hosts(tmp_path):
 def test_bench_four_workers_emulated_compute(tmp_path):
     """-n 4 with --emulate-compute: 4 hosts each with a worker and a server."""
     out_dir = str(tmp_path / "bench")
-    rates = "100mbit" if _netns_available() else "loopback"
+    rates = "100mbit" if netns_available() else "loopback"
     result = _run_bench(["--model", "lenet", "-n", "4", "--batch-size", "16",
                          "--rates", rates, "--algorithms", "cpsgd",
                          "--emulate-compute", "20", "--iters", "3", "--warmup-iters", "2",

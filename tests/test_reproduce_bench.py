@@ -19,8 +19,7 @@ from procs import remove_networks_of, stop_group
 
 from mxnet_cpsgd.bench import cli as bench_cli
 from mxnet_cpsgd.bench.results import add_ratios
-from mxnet_cpsgd.bench.runs import BenchError, parse_variants, reference_labels
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.bench.runs import BenchError, netns_available, parse_variants, reference_labels
 from mxnet_cpsgd.repro import bench_report, report
 from mxnet_cpsgd.repro import runner as reproduce
 
@@ -242,14 +241,6 @@ def test_bad_bench_specs(change, message):
 # ----------------------------------------------------------------------------
 # end to end
 
-def _netns_available():
-    try:
-        netem.check_available()
-        return True
-    except netem.NetemError:
-        return False
-
-
 def _teardown(proc, out):
     """Stop a reproduction still running (its process group) and remove the
     emulated networks its bench jobs created; returns what was left behind."""
@@ -276,7 +267,7 @@ def _reproduce(argv, out, budget):
 
 
 def test_bench_experiment_end_to_end(tmp_path):
-    rates = "none" if _netns_available() else "loopback"
+    rates = "none" if netns_available() else "loopback"
     spec_path = str(tmp_path / "spec.yaml")
     with open(spec_path, "w") as f:
         yaml.safe_dump(_bench_spec(rates), f)
