@@ -51,7 +51,7 @@ import time
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 #: every name this module creates starts with this prefix + five hex digits
 NAME_PREFIX = "cpsgd"
@@ -235,10 +235,17 @@ def _tbf_args(rate_bps: float, rate: str) -> List[str]:
     (one sender, several TCP streams) overflowed it and lost 30-150 packets per
     iteration at 50mbit; the retransmissions then showed up in the byte counts.
     400 ms removed every drop in that measurement (docs/performance.md)."""
+    burst, limit = _queue_sizes(rate_bps)
+    return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
+
+
+def _queue_sizes(rate_bps: float) -> Tuple[int, int]:
+    """(burst, limit) in bytes of a link direction's queue at ``rate_bps``: see
+    :func:`_tbf_args`; a 'fair' link uses them for its htb class and leaves."""
     rate_bytes = rate_bps / 8.0
     burst = max(64 * 1024, int(rate_bytes * 1e-3))
     limit = min(max(4 * burst, int(rate_bytes * 0.4)), 64 * 1024 * 1024)
-    return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
+    return burst, limit
 
 
 def _fair_queue_batch(dev: str, rate_bps: float, rate: str) -> str:
@@ -250,17 +257,16 @@ def _fair_queue_batch(dev: str, rate_bps: float, rate: str) -> str:
     bfifo as deep as tbf's queue.  A u32 hash on the low bits of the TCP
     destination port picks the leaf; other packets go to the first leaf.
     """
-    tbf = _tbf_args(rate_bps, rate)
-    burst, limit = tbf[tbf.index("burst") + 1], tbf[tbf.index("limit") + 1]
+    burst, limit = _queue_sizes(rate_bps)
     share = max(8000, int(rate_bps / FAIR_BUCKETS))
     lines = ["qdisc add dev %s root handle 1: htb default 10 r2q 1000" % dev,
-             "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %s cburst %s"
+             "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %d cburst %d"
              % (dev, rate, rate, burst, burst)]
     for bucket in range(FAIR_BUCKETS):
         leaf = "%x" % (0x10 + bucket)
         lines.append("class add dev %s parent 1:1 classid 1:%s htb rate %dbit ceil %s "
-                     "burst %s cburst %s quantum 16384" % (dev, leaf, share, rate, burst, burst))
-        lines.append("qdisc add dev %s parent 1:%s bfifo limit %s" % (dev, leaf, limit))
+                     "burst %d cburst %d quantum 16384" % (dev, leaf, share, rate, burst, burst))
+        lines.append("qdisc add dev %s parent 1:%s bfifo limit %d" % (dev, leaf, limit))
     lines.append("filter add dev %s parent 1: prio 1 handle 2: protocol ip u32 divisor %d"
                  % (dev, FAIR_BUCKETS))
     for bucket in range(FAIR_BUCKETS):
