@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
-from .runs import UNSHAPED, median_of, rate_bps, reference_labels
+from .runs import median_of, rate_bps, reference_labels
 
 # targets of issue 15 (docs/performance.md)
 EMULATED_VS_BITSGD = 0.75     # emulated compute, transfer ~ compute
@@ -160,7 +160,7 @@ def add_ratios(rows: List[dict], compute_ms: Optional[float],
         if t is None:
             continue
         for ref in ("ssgd", "bitsgd", "horovod"):
-            label = refs.get(ref, ref) if variants else ref
+            label = refs.get(ref, ref)
             other = by_key.get((row["rate"], label), {}).get("mean_ms")
             row["vs_" + ref] = t / other if other else None
             other_rss = by_key.get((row["rate"], label), {}).get("peak_rss_mb")
@@ -183,7 +183,7 @@ def check_targets(rows: List[dict], compute_ms: Optional[float],
     emulated = bool(config.get("emulate_compute"))
     colocated = config.get("placement", "separate") == "colocated"
     variants = config.get("variants")
-    refs = reference_labels(variants) if variants else {}
+    refs = reference_labels(variants)
     label = {name: refs.get(name, name) for name in ("cpsgd", "ssgd", "horovod")}
     by_key = {(r["rate"], r["algorithm"]): r for r in rows}
     checks = []
