@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..cluster import netem
 from .bench_runs import BENCH, INVOCATION_META
 from .markdown import md_table
 
@@ -85,19 +86,18 @@ def _fmt(value, spec="%.1f") -> str:
     return "n/a" if value is None else spec % value
 
 
+def rate_mbit(rate: str) -> Optional[float]:
+    """Mbit/s of a tc rate (cpsgd-bench's syntax), None for none/loopback."""
+    try:
+        return netem.parse_rate(str(rate)) / 1e6
+    except netem.NetemError:
+        return None
+
+
 def _rate_key(rate: str) -> Tuple[int, float]:
     """Shaped rates from fast to slow, then none/loopback."""
-    m = re.match(r"^([0-9.]+)\s*([kmg]?)(bit|bps)$", str(rate).lower())
-    if not m:
-        return (1, 0.0)
-    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-    bits = float(m.group(1)) * scale * (8 if m.group(3) == "bps" else 1)
-    return (0, -bits)
-
-
-def rate_mbit(rate: str) -> Optional[float]:
-    key = _rate_key(rate)
-    return None if key[0] else -key[1] / 1e6
+    mbit = rate_mbit(rate)
+    return (1, 0.0) if mbit is None else (0, -mbit)
 
 
 def load(root: str, meta: Optional[Dict[str, object]] = None) -> List[BenchExperiment]:
