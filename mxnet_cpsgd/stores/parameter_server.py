@@ -464,7 +464,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             self._step_left = {i for i, p in self._optimizer.param_dict.items()
                                if p.grad_req != "null" and i in self._params}
         self._pending[key] = _StepItem(key, param, grads, outs, priority,
-                                       self._policy.plan(self._steps[key]))
+                                       self._policy.plan(self._steps[key], key))
         self._step_left.discard(key)
 
     def _flush_step(self):

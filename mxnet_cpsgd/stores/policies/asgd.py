@@ -6,5 +6,5 @@ class ASGD(Policy):
     name = "asgd"
     inner_kvstore = "dist_async"
 
-    def plan(self, step):
+    def plan(self, step, key):
         return SYNC_SGD

@@ -64,8 +64,14 @@ class Policy:
     def __init__(self, config):
         self.config = config
 
-    def plan(self, step):
-        """The :class:`StepPlan` for iteration ``step``."""
+    def plan(self, step, key):
+        """The :class:`StepPlan` for iteration ``step`` of the parameter ``key``.
+
+        Args:
+            step: the key's iteration, counted from 0 (warm-up included).
+            key: the store key of the parameter (its Trainer index); a policy whose
+                schedule differs between parameters uses it, the others ignore it.
+        """
         raise NotImplementedError
 
     def local_settings(self, num_workers):

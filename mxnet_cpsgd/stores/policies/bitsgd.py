@@ -9,5 +9,5 @@ class BITSGD(Policy):
     defaults = {"type": "2bit", "threshold": 0.5}
     uses_compression = True
 
-    def plan(self, step):
+    def plan(self, step, key):
         return _COMPRESSED_SYNC

@@ -22,7 +22,7 @@ class CPSGD(Policy):
     uses_compression = True
     uses_local_optimizer = True
 
-    def plan(self, step):
+    def plan(self, step, key):
         if self.in_warmup(step):
             return SYNC_SGD
         if (step + 1) % self.config.correction_period == 0:

@@ -20,7 +20,7 @@ class LocalSGD(Policy):
     defaults = {"sync_period": 5, "local_lr": None, "local_momentum": None}
     uses_local_optimizer = True
 
-    def plan(self, step):
+    def plan(self, step, key):
         if (step + 1) % self.config.sync_period == 0:
             return _AVERAGE
         return _LOCAL_ONLY

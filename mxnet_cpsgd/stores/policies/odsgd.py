@@ -16,5 +16,5 @@ class ODSGD(Policy):
                 "local_optimizer": "sgd", "local_wd": None}
     uses_local_optimizer = True
 
-    def plan(self, step):
+    def plan(self, step, key):
         return SYNC_SGD if self.in_warmup(step) else _ONE_STEP_DELAY

@@ -33,7 +33,7 @@ class SSDSGD(Policy):
                         snapshot_period=self.config.sync_period)
         return settings
 
-    def plan(self, step):
+    def plan(self, step, key):
         if self.in_warmup(step):
             return SYNC_SGD
         n = step - (self.config.warmup_steps or 0)

@@ -5,5 +5,5 @@ from .base import SYNC_SGD, Policy
 class SSGD(Policy):
     name = "ssgd"
 
-    def plan(self, step):
+    def plan(self, step, key):
         return SYNC_SGD
