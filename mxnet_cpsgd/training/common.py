@@ -25,6 +25,7 @@ from .options import (HOROVOD_STORES, LR_CONVENTIONS, PROJECT_STORES, UsageError
                       parse_args, parse_gpus)
 from .logs import logger, setup_logging
 from .loop import reset_batchnorm_stats, train
+from .checkpoint import CheckpointError
 
 
 # ----------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def main(parser: argparse.ArgumentParser, dataset: Optional[str] = None,
         # store's destructor: MXNet's waits in a barrier for all workers and the
         # others wait for this one's pushes, so nobody would ever exit (and a
         # launcher that watches the workers would never see the failure).
-        if isinstance(err, (UsageError, data_mod.DataError)):
+        if isinstance(err, (UsageError, data_mod.DataError, CheckpointError)):
             print("error: %s" % err, file=sys.stderr)
         else:
             traceback.print_exc()
@@ -162,7 +163,7 @@ def _run(args: argparse.Namespace, dataset: str, model_name: str, ctx: List[mx.C
     try:
         result = train(args, net, train_data, val_data, info, ctx, kv, rank, num_workers,
                        model_name)
-    except UsageError as err:
+    except (UsageError, CheckpointError) as err:
         if _is_distributed(kv):
             raise
         print("error: %s" % err, file=sys.stderr)

@@ -14,6 +14,7 @@ Timing (see docs/training.md):
 import argparse
 import copy
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -26,7 +27,37 @@ from mxnet import autograd, gluon
 from . import data as data_mod
 from .options import PROJECT_STORES, UsageError, compression_params, parse_lr_decay_epochs
 from .logs import EpochLogWriter, logger, rank_path
-from .checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
+from .checkpoint import (TrainState, check_writable, load_checkpoint, newest_complete,
+                         read_checkpoint, save_checkpoint)
+from kvstore_ext.progress import ProgressReporter
+
+RESTART_ENV = "MXNET_CPSGD_RESTART"
+
+
+def restart_count(environ=None) -> int:
+    """The launcher's restart number (``MXNET_CPSGD_RESTART``; 0: first start)."""
+    value = (os.environ if environ is None else environ).get(RESTART_ENV, "")
+    try:
+        return max(0, int(value))
+    except ValueError:
+        return 0
+
+
+def resume_wanted(args: argparse.Namespace) -> bool:
+    """Whether this run resumes: ``--resume``, or a restart by the launcher with
+    ``--checkpoint-dir`` and a complete checkpoint there (else a fresh start, logged)."""
+    if args.resume:
+        return True
+    restart = restart_count()
+    if not restart or not args.checkpoint_dir:
+        return False
+    if newest_complete(args.checkpoint_dir) is None:
+        logger.info("restart %d: no complete checkpoint in %s, starting from the beginning",
+                    restart, args.checkpoint_dir)
+        return False
+    logger.info("restart %d: resuming from the newest complete checkpoint in %s",
+                restart, args.checkpoint_dir)
+    return True
 
 
 def updates_per_iteration(algorithm: str, num_workers: int) -> int:
@@ -95,10 +126,14 @@ def reset_batchnorm_stats(net: gluon.Block) -> None:
 
 
 def evaluate(net: gluon.Block, loader: Iterable, ctx: List[mx.Context],
-             loss_fn: gluon.loss.Loss) -> Tuple[float, float, int]:
-    """``(accuracy, mean loss, samples)`` of ``net`` on ``loader``."""
+             loss_fn: gluon.loss.Loss,
+             progress: Optional[ProgressReporter] = None) -> Tuple[float, float, int]:
+    """``(accuracy, mean loss, samples)`` of ``net`` on ``loader``; reports phase
+    ``eval`` (batches done) to ``progress``."""
     correct, loss_sum, count = 0.0, 0.0, 0
-    for data, label in loader:
+    for batch, (data, label) in enumerate(loader):
+        if progress is not None:
+            progress.report("eval", batch)
         datas = gluon.utils.split_and_load(data, ctx, even_split=False)
         labels = gluon.utils.split_and_load(label, ctx, even_split=False)
         for x, y in zip(datas, labels):
@@ -147,22 +182,26 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
         opt_params["lr_scheduler"] = scheduler
 
     step_bs = step_batch_size(args, num_workers)
+    progress = ProgressReporter()
+    progress.report("start", 0)
+    if args.checkpoint_dir:
+        check_writable(args.checkpoint_dir)
+    resume = resume_wanted(args)
     meta = None
-    if args.resume:
+    if resume:
         meta = read_checkpoint(args.checkpoint_dir, num_workers, args.algorithm)
         opt_params["begin_num_update"] = int(meta["iteration"]) * updates
     trainer = gluon.Trainer(net.collect_params(), "sgd", opt_params, kvstore=kv,
                             compression_params=cparams or None)
     state = TrainState()
     if meta is not None:
-        state = load_checkpoint(args.checkpoint_dir, meta, net, trainer, ctx, rank,
-                                args.algorithm, step_bs)
+        state = load_checkpoint(meta, net, trainer, ctx, rank, args.algorithm, step_bs)
         logger.info("resumed from %s: epoch %d, iteration %d (batch %d of the epoch)",
-                    args.checkpoint_dir, state.epoch, state.iteration, state.epoch_iteration)
+                    meta["path"], state.epoch, state.iteration, state.epoch_iteration)
 
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
-                            append=args.resume)
+                            append=resume)
     params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     # a private copy for the logs: MXNet's schedulers are stateful, and with
     # update_on_kvstore the worker's optimizer copy never advances
@@ -210,6 +249,14 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             iterations += 1
             state.iteration += 1
             state.epoch_iteration = i + 1
+            progress.report("train", state.iteration)
+            if (args.checkpoint_every and state.iteration % args.checkpoint_every == 0
+                    and i + 1 < iters_per_epoch
+                    and (args.max_iters is None or state.iteration < args.max_iters)):
+                # the epoch's end and --max-iters save below, after the evaluation
+                progress.report("save", state.iteration)
+                save_checkpoint(args.checkpoint_dir, net, trainer, state, rank,
+                                num_workers, args.algorithm)
             if args.log_interval and iterations % args.log_interval == 0:
                 speed = args.log_interval * args.batch_size / max(time.time() - btic, 1e-9)
                 logger.info("[Epoch %d Batch %d] Speed: %.1f samples/sec train=%.4f loss=%.4f",
@@ -228,7 +275,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             state.epoch_iteration = 0
         if iterations == 0:
             break
-        val_acc, val_loss, _ = evaluate(net, val_data, ctx, loss_fn)
+        val_acc, val_loss, _ = evaluate(net, val_data, ctx, loss_fn, progress)
         samples = iterations * args.batch_size
         sps = samples / epoch_time if epoch_time > 0 else float("nan")
         record = {
@@ -253,6 +300,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
                     "" if iterations == iters_per_epoch else
                     " (%d of %d iterations)" % (iterations, iters_per_epoch))
         if args.checkpoint_dir:
+            progress.report("save", state.iteration)
             save_checkpoint(args.checkpoint_dir, net, trainer, state, rank, num_workers,
                             args.algorithm)
     result.state = state

@@ -129,7 +129,12 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
 
     g = p.add_argument_group("checkpoints and logs")
     g.add_argument("--checkpoint-dir", default=None,
-                   help="save a checkpoint here after every epoch and at --max-iters")
+                   help="save a checkpoint here (iter-<n>/, the newest 3 kept) after every "
+                        "epoch, every --checkpoint-every iterations and at --max-iters; "
+                        "after a restart by cpsgd-launch (MXNET_CPSGD_RESTART set) the "
+                        "run resumes from the newest complete one by itself")
+    g.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="also save a checkpoint every N iterations (default: per epoch only)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir")
     g.add_argument("--log-json", default=None,
@@ -237,6 +242,11 @@ def validate_args(args: argparse.Namespace) -> None:
     parse_gpus(args.gpus)
     if args.resume and not args.checkpoint_dir:
         raise UsageError("--resume needs --checkpoint-dir")
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every < 1:
+            raise UsageError("--checkpoint-every must be >= 1, got %r" % args.checkpoint_every)
+        if not args.checkpoint_dir:
+            raise UsageError("--checkpoint-every needs --checkpoint-dir")
     compression_params(args)
 
 
