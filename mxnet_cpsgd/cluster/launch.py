@@ -3,7 +3,8 @@
 Usage::
 
     python -m mxnet_cpsgd.launch -n WORKERS -s SERVERS [--timeout SECONDS]
-        [--job-timeout SECONDS] [--port PORT] [--env KEY=VALUE ...]
+        [--job-timeout SECONDS] [--stall-timeout SECONDS] [--max-restarts N]
+        [--port PORT] [--env KEY=VALUE ...]
         [--emulate-network RATE[,DELAY][,QUEUE]] [--log-dir DIR] -- COMMAND ARGS...
 
 Servers and the scheduler run ``python -c "import mxnet"`` (importing MXNet in
@@ -11,8 +12,10 @@ a process whose DMLC_ROLE is server or scheduler runs that node); workers run
 COMMAND.  Every output line is printed with the node's name in front
 (``[worker 0] ...``).  The launcher watches every node: the job fails as soon
 as any node exits non-zero or by a signal, a server or the scheduler exits
-while workers still run, or --job-timeout expires; then every process group is
-stopped (SIGTERM, SIGKILL after a short grace) within --timeout seconds.
+while workers still run, a node stalls (--stall-timeout, see :mod:`.stall`), or
+--job-timeout expires; then every process group is stopped (SIGTERM, SIGKILL
+after a short grace) within --timeout seconds, and with --max-restarts the job
+is started again.
 
 Python API: :func:`run_job`.  See docs/launcher.md.  The parts: nodes on this
 machine (:mod:`.local_nodes`), on other hosts over ssh (:mod:`.remote_nodes`,
@@ -27,6 +30,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
@@ -38,6 +42,7 @@ from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
                                        WORKER_INDEX_ENV, WORKER_SITE_DIR, LaunchError,
                                        describe_exit, free_port)
 from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes, prepare_cluster, sweep_hosts
+from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S, LONG_PHASE_FACTOR
 from mxnet_cpsgd.cluster.supervise import Job, Output
 
 # the names these functions had before the launcher was split into modules
@@ -58,12 +63,15 @@ class JobResult:
             launcher's own ``cpsgd-launch:`` lines), newline-joined.
         failure: one line saying why the job failed, or None on success.
         pids: node name (``'scheduler'``, ``'server 0'``, ``'worker 1'``) to
-            the pid of its process (the leader of its process group).
+            the pid of its process (the leader of its process group), of
+            the last attempt.
+        restarts: how many times the job was started again (``max_restarts``).
     """
     returncode: int
     output: str
     failure: Optional[str]
     pids: Dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
 
 
 def parse_env(items: Sequence[str]) -> Dict[str, str]:
@@ -93,11 +101,10 @@ def _check_reserved(env: Mapping[str, str]) -> None:
                           % (", ".join(reserved), "is" if len(reserved) == 1 else "are"))
 
 
-
-
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
-              env: Mapping[str, str]) -> None:
+              env: Mapping[str, str], stall_timeout: Optional[float] = None,
+              max_restarts: int = 0) -> None:
     if not command:
         raise LaunchError("no command given for the workers (put it after --)")
     if shutil.which(command[0]) is None:
@@ -110,6 +117,11 @@ def _validate(command: List[str], num_workers: int, num_servers: int, timeout: f
         raise LaunchError("timeout must be > 0 seconds, got %r" % (timeout,))
     if job_timeout is not None and not job_timeout > 0:
         raise LaunchError("job timeout must be > 0 seconds, got %r" % (job_timeout,))
+    if stall_timeout is not None and not stall_timeout >= 0:
+        raise LaunchError("stall timeout must be >= 0 seconds (0: off), got %r"
+                          % (stall_timeout,))
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise LaunchError("max restarts must be an integer >= 0, got %r" % (max_restarts,))
     if port is not None and not 1 <= port <= 65535:
         raise LaunchError("port must be in 1..65535, got %r" % (port,))
     for key in env:
@@ -118,13 +130,29 @@ def _validate(command: List[str], num_workers: int, num_servers: int, timeout: f
     _check_reserved(env)
 
 
+class _Interrupt:
+    """The signal that interrupted :func:`run_job`, passed on to the running attempt."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.job: Optional[Job] = None
+
+    def handler(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.job is not None:
+            self.job.on_signal(signum, frame)
+
+
 def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: int = 1,
             env: Optional[Mapping[str, str]] = None, timeout: float = 60,
             job_timeout: Optional[float] = None, emulate_network: Optional[str] = None,
             log_dir: Optional[str] = None, stream: Optional[IO[str]] = sys.stdout,
             port: Optional[int] = None, handle_signals: bool = True,
             cluster: Optional[ssh.Cluster] = None,
-            placement: str = "separate", allreduce: bool = False) -> JobResult:
+            placement: str = "separate", allreduce: bool = False,
+            stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
+            max_restarts: int = 0) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -135,7 +163,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             environment; DMLC_* variables the launcher sets are refused).
         timeout: seconds from noticing the end of the job (failure, signal or
             the last worker's exit) until every process is gone.
-        job_timeout: seconds the whole job may run, or None for no limit.
+        job_timeout: seconds the whole job may run, restarts included, or None
+            for no limit.
         emulate_network: ``'RATE[,DELAY][,QUEUE]'`` to run every node in its own
             network namespace with shaped links (root only; QUEUE ``fifo``, the
             default, or ``fair``, see :mod:`mxnet_cpsgd.cluster.netem`), or None.
@@ -156,9 +185,17 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             service on host 0 and the HOROVOD_* variables of horovodrun's Gloo
             launcher for every worker (each worker in its own UTS namespace
             named after its host's address when the network is emulated).
+        stall_timeout: seconds without progress after which a node counts as
+            stalled and the job fails (see :mod:`.stall`); 0 or None: off.
+        max_restarts: after a failure of a started job (a node that died,
+            failed or stalled), tear it down and start it again, at most this
+            many times, with ``MXNET_CPSGD_RESTART`` = the restart count in
+            every node.  Not after --job-timeout, a signal, a host that
+            failed its check, or processes that could not be stopped.
 
     Returns:
-        The :class:`JobResult`.
+        The :class:`JobResult` (of the last attempt; ``restarts`` says how
+        many were made).
 
     Raises:
         LaunchError: invalid arguments (nothing was started).
@@ -166,7 +203,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     """
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     env = dict(env or {})
-    _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env)
+    _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
+              stall_timeout, max_restarts)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
     if spec is not None and cluster is not None:
         raise LaunchError("network emulation and a host file exclude each other")
@@ -175,84 +213,142 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     if log_dir is not None:
         os.makedirs(log_dir, exist_ok=True)
     out = Output(stream, log_dir)
-    if cluster is not None:
-        try:
-            root_uri, port = prepare_cluster(cluster, port)
-        except ssh.HostError as err:
-            out.message(str(err))
-            out.close()
-            return JobResult(1, "\n".join(out.lines), str(err), {})
-    port = port or free_port()
-    heartbeat: Optional[ssh.Heartbeat] = None
-    job: Optional[Job] = None
-    network: Optional[netem.EmulatedNetwork] = None
+    interrupt = _Interrupt()
     old_handlers: Dict[int, object] = {}
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    deadline = None if job_timeout is None else time.monotonic() + job_timeout
     try:
-        job = Job([], out, timeout, job_timeout)
         if handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in signals:
-                old_handlers[signum] = signal.signal(signum, job.on_signal)
-        num_hosts, hosts = host_of_nodes(num_workers, num_servers, placement, allreduce)
-        if spec is not None:
-            network = netem.EmulatedNetwork.from_spec(num_hosts, spec)
-            network.setup()
-        if cluster is not None:
-            job_id = uuid.uuid4().hex[:16]
-            job.nodes = build_host_nodes(argv, num_workers, num_servers, env, port, cluster,
-                                          root_uri, job_id, heartbeat=timeout)
-            where = "hosts %s (scheduler on %s)" % (
-                ", ".join(str(h) for h in cluster.hosts), root_uri)
-        else:
-            job.nodes = build_local_nodes(argv, num_workers, num_servers, env, port, network,
-                                     hosts if network else None, allreduce)
-            where = "emulated network %s (%s)" % (network.name, emulate_network) \
-                if network else "127.0.0.1"
-        if job.signal_received is None:  # not interrupted while setting up
-            job.start(lambda: out.message("job started on %s, scheduler port %d: %s" % (
-                where, port, ", ".join("%s pid %d" % (n.name, n.proc.pid) for n in job.nodes))))
-            remote = [n.proc for n in job.nodes if isinstance(n.proc, ssh.RemoteProcess)]
-            if remote:  # the watchdogs stop their node without it for `timeout` s
-                heartbeat = ssh.Heartbeat(remote, min(5.0, timeout / 6)).start()
-        returncode, failure = job.monitor()
-        if failure is not None:
-            out.message(failure)
-        if cluster is not None:
-            # keep time for the sweep over ssh (connect + one command per host)
-            reserve = min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
-        else:
-            reserve = min(0.5, timeout * 0.1) if network else 0.0
-        left = job.teardown(reserve=reserve)
-        if cluster is not None:
-            unreached = sweep_hosts(cluster, job_id, job.end_noticed + timeout, out.message)
-            if unreached:
-                failure = failure or unreached
-                returncode = returncode or 1
-        if left:
-            note = "could not stop %s within %g s" % (
-                ", ".join("%s (pid %d)" % (n.name, n.proc.pid) for n in left), timeout)
-            out.message(note)
-            failure = failure or note
-            returncode = returncode or 1
-        if failure is None:
-            out.message("job finished successfully")
-        return JobResult(returncode, "\n".join(out.lines), failure,
-                         {n.name: n.proc.pid for n in job.nodes if n.proc is not None})
-    except BaseException:
-        if job is not None:
-            job.kill_now()
-        raise
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                old_handlers[signum] = signal.signal(signum, interrupt.handler)
+        restarts = 0
+        while True:
+            attempt_env = dict(env, **({RESTART_ENV: str(restarts)} if restarts else {}))
+            attempt = _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
+                               job_timeout, deadline, stall_timeout, out, port, cluster,
+                               placement, allreduce, spec, emulate_network, interrupt,
+                               first=restarts == 0)
+            result = attempt.run()
+            if result.returncode == 0 or not attempt.restartable \
+                    or interrupt.signum is not None or restarts >= max_restarts:
+                break
+            restarts += 1
+            out.message("restart %d of %d (MXNET_CPSGD_RESTART=%d) after: %s" % (
+                restarts, max_restarts, restarts, result.failure))
+        if restarts and result.returncode != 0:
+            out.message("giving up after %d restart%s" % (restarts, "" if restarts == 1 else "s"))
+        result.restarts = restarts
+        result.output = "\n".join(out.lines)
+        return result
     finally:
-        if heartbeat is not None:
-            heartbeat.stop()
+        for signum, handler in old_handlers.items():
+            signal.signal(signum, handler)
+        out.close()
+
+
+@dataclass
+class _Attempt:
+    """One start of the job: build and start the nodes, watch them, tear down
+    (the arguments are :func:`run_job`'s; ``deadline`` is --job-timeout's end
+    over all attempts, ``first`` whether this is the first attempt)."""
+    argv: List[str]
+    num_workers: int
+    num_servers: int
+    env: Dict[str, str]
+    timeout: float
+    job_timeout: Optional[float]
+    deadline: Optional[float]
+    stall_timeout: Optional[float]
+    out: Output
+    port: Optional[int]
+    cluster: Optional[ssh.Cluster]
+    placement: str
+    allreduce: bool
+    spec: Optional[netem.NetworkSpec]
+    emulate_network: Optional[str]
+    interrupt: _Interrupt
+    first: bool
+    #: whether a failure of this attempt may be answered by a restart
+    restartable: bool = False
+
+    def run(self) -> JobResult:
+        out, cluster, timeout = self.out, self.cluster, self.timeout
+        port = self.port
+        if cluster is not None:
+            try:
+                root_uri, port = prepare_cluster(cluster, port, copy=self.first)
+            except ssh.HostError as err:
+                out.message(str(err))
+                return JobResult(1, "", str(err), {})
+        port = port or free_port()
+        heartbeat: Optional[ssh.Heartbeat] = None
+        network: Optional[netem.EmulatedNetwork] = None
+        job = Job([], out, timeout, self.job_timeout, self.stall_timeout or None,
+                  deadline=self.deadline)
+        job.signal_received = self.interrupt.signum
+        self.interrupt.job = job
         try:
+            num_hosts, hosts = host_of_nodes(self.num_workers, self.num_servers,
+                                             self.placement, self.allreduce)
+            if self.spec is not None:
+                network = netem.EmulatedNetwork.from_spec(num_hosts, self.spec)
+                network.setup()
+            if cluster is not None:
+                job_id = uuid.uuid4().hex[:16]
+                job.nodes = build_host_nodes(self.argv, self.num_workers, self.num_servers,
+                                             self.env, port, cluster, root_uri, job_id,
+                                             heartbeat=timeout)
+                where = "hosts %s (scheduler on %s)" % (
+                    ", ".join(str(h) for h in cluster.hosts), root_uri)
+            else:
+                job.nodes = build_local_nodes(self.argv, self.num_workers, self.num_servers,
+                                              self.env, port, network,
+                                              hosts if network else None, self.allreduce)
+                where = "emulated network %s (%s)" % (network.name, self.emulate_network) \
+                    if network else "127.0.0.1"
+            if job.signal_received is None:  # not interrupted while setting up
+                job.start(lambda: out.message("job started on %s, scheduler port %d: %s" % (
+                    where, port, ", ".join("%s pid %d" % (n.name, n.proc.pid)
+                                           for n in job.nodes))))
+                remote = [n.proc for n in job.nodes if isinstance(n.proc, ssh.RemoteProcess)]
+                if remote:  # the watchdogs stop their node without it for `timeout` s
+                    heartbeat = ssh.Heartbeat(remote, min(5.0, timeout / 6)).start()
+            returncode, failure = job.monitor()
+            self.restartable = failure is not None and not job.timed_out \
+                and job.signal_received is None
+            if failure is not None:
+                out.message(failure)
+            if cluster is not None:
+                # keep time for the sweep over ssh (connect + one command per host)
+                reserve = min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
+            else:
+                reserve = min(0.5, timeout * 0.1) if network else 0.0
+            left = job.teardown(reserve=reserve)
+            if cluster is not None:
+                unreached = sweep_hosts(cluster, job_id, job.end_noticed + timeout, out.message)
+                if unreached:
+                    self.restartable = False
+                    failure = failure or unreached
+                    returncode = returncode or 1
+            if left:
+                note = "could not stop %s within %g s" % (
+                    ", ".join("%s (pid %d)" % (n.name, n.proc.pid) for n in left), timeout)
+                out.message(note)
+                self.restartable = False
+                failure = failure or note
+                returncode = returncode or 1
+            if failure is None:
+                out.message("job finished successfully")
+            return JobResult(returncode, "", failure,
+                             {n.name: n.proc.pid for n in job.nodes if n.proc is not None})
+        except BaseException:
+            job.kill_now()
+            raise
+        finally:
+            self.interrupt.job = None
+            if heartbeat is not None:
+                heartbeat.stop()
             if network is not None:
                 network.close()
-        finally:
-            for signum, handler in old_handlers.items():
-                signal.signal(signum, handler)
-            out.close()
-
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -282,6 +378,17 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: one FIFO per link direction) or fair (the TCP "
                              "flows of a link share its rate; not with DELAY); root only")
     parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
+    parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="end the job when a node makes no progress for this long: "
+                             "its process stopped (state T), or no worker reporting "
+                             "progress (phases start, eval and save may take %d times as "
+                             "long); 0: off (default %g)" % (LONG_PHASE_FACTOR,
+                                                             DEFAULT_STALL_TIMEOUT_S))
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="after a node died, failed or stalled, stop the whole job and "
+                             "start it again, at most N times; every node then gets "
+                             "MXNET_CPSGD_RESTART=<restart count> (default 0)")
     hosts = parser.add_argument_group(
         "several machines (over ssh)",
         "The working directory (or --copy-workdir's) and the interpreter must be the same "
@@ -346,7 +453,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
                          emulate_network=args.emulate_network, log_dir=args.log_dir,
-                         stream=sys.stdout, port=args.port, cluster=cluster)
+                         stream=sys.stdout, port=args.port, cluster=cluster,
+                         stall_timeout=args.stall_timeout, max_restarts=args.max_restarts)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode

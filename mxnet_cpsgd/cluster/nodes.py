@@ -100,6 +100,8 @@ class Node:
     reader: Optional[threading.Thread] = None
     #: the last "SomeError: message" line of a traceback the node printed
     exception: Optional[str] = None
+    #: the message of the C++ exception that aborted the node (ps-lite's checks)
+    fatal: Optional[str] = None
     host: Optional[ssh.Host] = None    # remote node: its host (argv is then ssh's)
     remote_command: str = ""           # remote node: the command ssh runs there
     #: the newest progress report (workers) and when it arrived (time.monotonic)

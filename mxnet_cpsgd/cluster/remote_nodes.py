@@ -65,11 +65,14 @@ def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
     return nodes
 
 
-def prepare_cluster(cluster: ssh.Cluster, port: Optional[int]) -> Tuple[str, int]:
-    """Copy the working directory if asked, check every host; returns the
-    scheduler's address and port.  Raises ssh.HostError."""
+def prepare_cluster(cluster: ssh.Cluster, port: Optional[int],
+                    copy: bool = True) -> Tuple[str, int]:
+    """Copy the working directory if asked (and ``copy``: not again on a
+    restart, which would put back older files over the job's checkpoints),
+    check every host; returns the scheduler's address and port.  Raises
+    ssh.HostError."""
     cluster.python = cluster.python or sys.executable
-    if cluster.copy_to:
+    if cluster.copy_to and copy:
         ssh.copy_workdir(cluster.hosts, cluster.ssh, os.getcwd(), cluster.copy_to)
     ports = ssh.preflight(cluster.hosts, cluster.ssh, cluster.copy_to or os.getcwd(),
                           cluster.python)

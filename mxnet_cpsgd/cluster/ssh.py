@@ -6,10 +6,13 @@ run with the job's interpreter) that
 
 * starts the node's command in a new session (process group) of its own, its
   stdout and stderr going to the ssh channel's stdout;
-* reports the command's pid and, at the end, its exit status on the channel's
-  stderr, as lines starting with :data:`PROTOCOL_MARK`;
+* reports the command's pid, whether its process is stopped (``T``), in
+  uninterruptible sleep (``D``) or neither (``-``) when that changes (sampled
+  every 0.25 s, for the launcher's stall detection) and, at the end, its exit
+  status on the channel's stderr, as lines starting with :data:`PROTOCOL_MARK`;
 * reads the channel's stdin: ``TERM`` / ``KILL`` signal the command's process
-  group (the launcher's teardown), ``PING`` is a heartbeat;
+  group (the launcher's teardown; ``TERM`` is followed by SIGCONT, so that a
+  stopped node acts on it), ``PING`` is a heartbeat;
 * when stdin reaches EOF (the ssh session ended: the launcher or its ssh
   client died, the connection was lost, the sshd session process was killed)
   or no line came for ``heartbeat`` seconds (a silent network partition), it
@@ -72,6 +75,7 @@ def group(sig):
 def stop(why):
     with lock:
         group(signal.SIGTERM)
+        group(signal.SIGCONT)
         end = time.monotonic() + grace
         while time.monotonic() < end:
             try:
@@ -91,6 +95,7 @@ def control():
         word = line.strip()
         if word == b"TERM":
             group(signal.SIGTERM)
+            group(signal.SIGCONT)
         elif word == b"KILL":
             group(signal.SIGKILL)
 def watch():
@@ -98,11 +103,25 @@ def watch():
         time.sleep(min(1.0, heartbeat / 4))
         if time.monotonic() - last[0] > heartbeat:
             stop("no_heartbeat")
+def states():
+    seen = None
+    while True:
+        try:
+            with open("/proc/%d/stat" % child.pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        state = state if state in ("T", "D") else "-"
+        if state != seen:
+            say("state", state)
+            seen = state
+        time.sleep(0.25)
 for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
     signal.signal(signum, lambda s, f: threading.Thread(target=stop, args=("signal_%d" % s,)).start())
 threading.Thread(target=control, daemon=True).start()
 if heartbeat > 0:
     threading.Thread(target=watch, daemon=True).start()
+threading.Thread(target=states, daemon=True).start()
 code = child.wait()
 with lock:
     group(signal.SIGKILL)
@@ -366,6 +385,8 @@ class RemoteProcess:
         self.remote_pid: Optional[int] = None
         self.remote_exit: Optional[int] = None
         self.stopped_why: Optional[str] = None  # the watchdog stopped the node itself
+        #: 'T' (stopped), 'D' (uninterruptible sleep), '-' (neither) as last reported
+        self.remote_state: Optional[str] = None
         self.ssh_error = ""
         self._on_stderr = on_stderr
         self._stdin_lock = threading.Lock()
@@ -390,6 +411,8 @@ class RemoteProcess:
                         self.remote_pid = int(words[1])
                     elif len(words) == 2 and words[0] == "exit":
                         self.remote_exit = int(words[1])
+                    elif len(words) == 2 and words[0] == "state":
+                        self.remote_state = words[1]
                     elif len(words) == 2 and words[0] == "stopped":
                         self.stopped_why = words[1].replace("_", " ")
                     continue
@@ -446,8 +469,9 @@ class RemoteProcess:
             self._ssh.returncode, ": " + self.ssh_error if self.ssh_error else "")
 
     def signal_group(self, signum: int) -> None:
-        """SIGTERM/SIGKILL the remote process group through the watchdog."""
-        if self._ssh.poll() is not None:
+        """SIGTERM/SIGKILL the remote process group through the watchdog
+        (which continues it after SIGTERM; SIGCONT itself is not sent)."""
+        if self._ssh.poll() is not None or signum == signal.SIGCONT:
             return
         if signum == signal.SIGKILL:
             if self._kill_sent is None:

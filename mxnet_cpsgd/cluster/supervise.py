@@ -18,6 +18,7 @@ from typing import IO, Callable, List, Optional, Set, Tuple
 from kvstore_ext import progress
 from mxnet_cpsgd.cluster import ssh
 from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S, Node, parent_death_signal
+from mxnet_cpsgd.cluster.stall import StallWatch
 
 _POLL_S = 0.02
 #: how long servers/scheduler may take to exit after the last worker
@@ -33,6 +34,9 @@ MESSAGE_PREFIX = "cpsgd-launch: "
 _TRACEBACK_START = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
 _EXCEPTION_MAX_CHARS = 300
+#: the message of a C++ exception that ended a process (std::terminate prints
+#: "  what():  [12:00:00] file.cc:520: Check failed: ..."), without the time
+_FATAL_LINE = re.compile(r"^\s*what\(\):\s+(?:\[[\d:]+\] )?(.*\S)\s*$")
 #: how long to wait for the rest of a failed node's output (its exception line)
 _READER_JOIN_S = 2.0
 
@@ -49,12 +53,16 @@ class Output:
         self._log_dir = log_dir
         self._lock = threading.Lock()
         self.lines: List[str] = []
+        self._opened: Set[str] = set()
         self._launcher_log = self._open("launcher.log")
 
     def _open(self, name: str) -> Optional[IO[str]]:
+        """A log file, new at the first attempt, appended to after a restart."""
         if self._log_dir is None:
             return None
-        return open(os.path.join(self._log_dir, name), "w", encoding="utf-8")
+        mode = "a" if name in self._opened else "w"
+        self._opened.add(name)
+        return open(os.path.join(self._log_dir, name), mode, encoding="utf-8")
 
     def emit(self, line: str, log: Optional[IO[str]] = None) -> None:
         with self._lock:
@@ -86,6 +94,9 @@ class Output:
                     text = self._take_report(node, text)
                     if text is None:
                         continue
+                    fatal = _FATAL_LINE.match(text)
+                    if fatal:
+                        node.fatal = fatal.group(1)
                     if text.startswith(_TRACEBACK_START):
                         in_traceback = True
                     elif in_traceback and text and not text[0].isspace():
@@ -135,11 +146,17 @@ class Job:
     """Runs the nodes of one job and tears them down."""
 
     def __init__(self, nodes: List[Node], output: Output, timeout: float,
-                 job_timeout: Optional[float]) -> None:
+                 job_timeout: Optional[float], stall_timeout: Optional[float] = None,
+                 deadline: Optional[float] = None) -> None:
         self.nodes = nodes
         self.out = output
         self.timeout = timeout
         self.job_timeout = job_timeout
+        #: when ``job_timeout`` expires (time.monotonic; default: from monitor()'s start)
+        self.deadline = deadline
+        self.timed_out = False
+        #: seconds without progress that make a node stalled (None: not watched)
+        self.stall_timeout = stall_timeout
         self.signal_received: Optional[int] = None
         self.wakeup = threading.Event()
         #: when monitor() noticed the end (failure, signal, last worker exit)
@@ -190,7 +207,10 @@ class Job:
             self.end_noticed = self.end_noticed or time.monotonic()
 
     def _monitor(self) -> Tuple[int, Optional[str]]:
-        started = time.monotonic()
+        deadline = self.deadline
+        if deadline is None and self.job_timeout is not None:
+            deadline = time.monotonic() + self.job_timeout
+        stall = StallWatch(self.nodes, self.stall_timeout) if self.stall_timeout else None
         workers = [n for n in self.nodes if n.role == "worker"]
         others = [n for n in self.nodes if n.role != "worker"]
         ps_exit_seen: Optional[float] = None
@@ -199,7 +219,8 @@ class Job:
             if self.signal_received is not None:
                 name = signal.Signals(self.signal_received).name
                 return 128 + self.signal_received, "received %s; stopping the job" % name
-            if self.job_timeout is not None and time.monotonic() - started > self.job_timeout:
+            if deadline is not None and time.monotonic() > deadline:
+                self.timed_out = True
                 return 1, "job timeout of %g s expired; stopping the job" % self.job_timeout
             for node in self.nodes:
                 if self._poll(node) and node.returncode != 0:
@@ -216,22 +237,27 @@ class Job:
                 running = ", ".join(n.name for n in workers if n.returncode is None)
                 return 1, ("%s exited while workers were still running (%s); stopping the job"
                            % (first_ps_exit.name, running))
+            stalled = stall.check() if stall is not None else None
+            if stalled is not None:
+                return 1, stalled
             self.wakeup.wait(_POLL_S)
 
     @staticmethod
     def _raised(node: Node) -> str:
         """`` after raising ValueError: ...`` if the node exited with an error
-        code after printing a traceback."""
-        if node.returncode is None or node.returncode <= 0:
+        code after printing a traceback; `` after a fatal error: ...`` if it
+        aborted after a C++ exception (ps-lite's failed checks)."""
+        aborted = node.returncode == -signal.SIGABRT
+        if node.returncode is None or (node.returncode <= 0 and not aborted):
             return ""
         if node.reader is not None:
             node.reader.join(_READER_JOIN_S)  # the last lines may still be in the pipe
-        if node.exception is None:
+        text = node.fatal if aborted else node.exception
+        if text is None:
             return ""
-        text = node.exception
         if len(text) > _EXCEPTION_MAX_CHARS:
             text = text[:_EXCEPTION_MAX_CHARS - 3] + "..."
-        return " after raising %s" % text
+        return (" after a fatal error: %s" if aborted else " after raising %s") % text
 
     def _finish(self, others: List[Node]) -> Tuple[int, Optional[str]]:
         """All workers exited 0: give servers/scheduler a moment to exit."""
@@ -264,6 +290,8 @@ class Job:
             if node.proc is not None and node.proc.poll() is None:
                 node.stopped = True
             node.signal_group(signal.SIGTERM)
+            # a stopped (stalled) process acts on SIGTERM only once continued
+            node.signal_group(signal.SIGCONT)
         self._wait_gone(grace_end)
         for node in self.nodes:
             node.signal_group(signal.SIGKILL)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 ENV_PREFIX = "MXNET_CPSGD_"
-# MXNET_CPSGD_* variables that are not algorithm knobs (set by the launcher and scripts)
-NON_KNOB_ENV = ("algorithm", "worker_index")
+# MXNET_CPSGD_* variables that are not algorithm knobs (set by the launcher and scripts:
+# the worker index, progress reports wanted, the restart count)
+NON_KNOB_ENV = ("algorithm", "worker_index", "progress", "restart")
 
 
 class ConfigError(ValueError):
