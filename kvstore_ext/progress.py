@@ -91,3 +91,79 @@ class ProgressReporter:
         except (OSError, ValueError):  # the launcher is gone: nothing to report to
             return
         self._phase, self._last = phase, now
+
+
+#: the step hook: module -> (class, method) of which every call is one training step
+STEP_METHODS = {"mxnet.gluon.trainer": ("Trainer", "_update"),   # step() and update()
+                "mxnet.module.module": ("Module", "update")}
+#: a process that imported this module under its own name reports by itself
+OWN_MODULE = "kvstore_ext.progress"
+
+
+def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
+    """Make an unchanged training script report ``train`` steps.
+
+    Once MXNet's ``gluon.trainer`` (or ``module.module``) is imported, every
+    ``Trainer.step``/``Trainer.update`` (``Module.update``) reports the number
+    of such calls so far as the step.  Stays silent in a process that imported
+    ``kvstore_ext.progress`` itself (the project's training loop reports its
+    own phases and steps).  The launcher loads this file, through
+    ``worker_site/sitecustomize.py``, into every worker before its script runs.
+
+    Returns:
+        Whether the hook was installed (only when :func:`wanted`).
+    """
+    reporter = reporter or ProgressReporter()
+    if not reporter.enabled:
+        return False
+    steps = [0]
+
+    def on_step() -> None:
+        if OWN_MODULE in sys.modules:
+            return
+        steps[0] += 1
+        reporter.report("train", steps[0])
+    sys.meta_path.insert(0, _StepFinder(on_step))
+    return True
+
+
+class _StepFinder:
+    """A meta path finder that patches the modules of STEP_METHODS as they load."""
+
+    def __init__(self, on_step) -> None:
+        self._on_step = on_step
+
+    def find_spec(self, name, path, target=None):
+        if name not in STEP_METHODS:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, STEP_METHODS[name], self._on_step)
+        return spec
+
+
+class _PatchingLoader:
+    """Runs the module as its own loader would, then wraps the step method."""
+
+    def __init__(self, loader, target, on_step) -> None:
+        self._loader, self._target, self._on_step = loader, target, on_step
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        cls = getattr(module, self._target[0], None)
+        original = getattr(cls, self._target[1], None)
+        if original is None:
+            return
+        on_step = self._on_step
+
+        def step_method(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            on_step()
+            return result
+        step_method.__wrapped__ = original
+        step_method.__name__ = original.__name__
+        setattr(cls, self._target[1], step_method)
