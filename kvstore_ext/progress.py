@@ -13,7 +13,10 @@ Line format (one line, ASCII)::
 ``phase`` is one of :data:`PHASES`: ``start`` (before the first step: loading
 data, building the model, the first step's graph), ``train`` (``step`` = steps
 completed), ``eval`` (an evaluation pass; ``step`` = batches evaluated in it),
-``save`` (writing a checkpoint).
+``save`` (writing a checkpoint).  A report that ends in :data:`INFERRED`
+comes from :func:`install_step_hook` (an unchanged script's steps): the
+launcher shows it as what the worker last did but does not expect more, since
+the hook cannot see an evaluation pass or anything else between steps.
 
 Standard library only: the launcher (``mxnet_cpsgd.cluster``) and the worker
 side (stores, the training loop, ``worker_site``) both import this file.
@@ -26,6 +29,8 @@ from typing import IO, NamedTuple, Optional
 ENV = "MXNET_CPSGD_PROGRESS"
 PREFIX = "[cpsgd-progress] "
 PHASES = ("start", "train", "eval", "save")
+#: the last word of a report inferred by the step hook
+INFERRED = "source=hook"
 
 
 class Report(NamedTuple):
@@ -38,6 +43,11 @@ def format_report(phase: str, step: int) -> str:
     if phase not in PHASES:
         raise ValueError("progress phase %r is not one of %s" % (phase, ", ".join(PHASES)))
     return "%sphase=%s step=%d" % (PREFIX, phase, int(step))
+
+
+def inferred(line: str) -> bool:
+    """Whether the report line came from the step hook (see the module doc)."""
+    return line.rstrip().endswith(" " + INFERRED)
 
 
 def parse(line: str) -> Optional[Report]:
@@ -67,11 +77,14 @@ class ProgressReporter:
     Args:
         min_interval: seconds between two reports of the same phase.
         stream: where to write (default: ``sys.stderr`` at the time of writing).
+        enabled: report (default: :func:`wanted`).
+        inferred: mark the reports as the step hook's (:data:`INFERRED`).
     """
 
     def __init__(self, min_interval: float = 1.0, stream: Optional[IO[str]] = None,
-                 enabled: Optional[bool] = None) -> None:
+                 enabled: Optional[bool] = None, inferred: bool = False) -> None:
         self.min_interval = min_interval
+        self.suffix = " " + INFERRED if inferred else ""
         self.stream = stream
         self.enabled = wanted() if enabled is None else enabled
         self._phase = None
@@ -86,7 +99,7 @@ class ProgressReporter:
             return
         stream = self.stream if self.stream is not None else sys.stderr
         try:
-            stream.write(format_report(phase, step) + "\n")
+            stream.write(format_report(phase, step) + self.suffix + "\n")
             stream.flush()
         except (OSError, ValueError):  # the launcher is gone: nothing to report to
             return
@@ -105,7 +118,7 @@ def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
 
     Once MXNet's ``gluon.trainer`` (or ``module.module``) is imported, every
     ``Trainer.step``/``Trainer.update`` (``Module.update``) reports the number
-    of such calls so far as the step.  Stays silent in a process that imported
+    of such calls so far as the step, marked :data:`INFERRED`.  Stays silent in a process that imported
     ``kvstore_ext.progress`` itself (the project's training loop reports its
     own phases and steps).  The launcher loads this file, through
     ``worker_site/sitecustomize.py``, into every worker before its script runs.
@@ -113,7 +126,7 @@ def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
     Returns:
         Whether the hook was installed (only when :func:`wanted`).
     """
-    reporter = reporter or ProgressReporter()
+    reporter = reporter or ProgressReporter(inferred=True)
     if not reporter.enabled:
         return False
     steps = [0]

@@ -184,3 +184,49 @@ def test_stranger_connection(tmp_path, mark, what, target):
             "string into protobuf; stopping the job" % name), result.output[-3000:]
         assert holder["ended"] - sent < BOUND_S
     assert processes_with_env(**{MARK_VAR: mark}) == []
+
+
+HOROVOD_WAIT = r"""
+import os, time
+import horovod.mxnet as hvd
+import mxnet as mx
+hvd.init()
+total = hvd.allreduce(mx.nd.ones((2,)) * (hvd.rank() + 1), average=False)
+print("allreduce %s" % total.asnumpy()[0], flush=True)
+while not os.path.exists(os.environ["GO_FILE"]):
+    time.sleep(0.1)
+"""
+
+
+def _horovod_available():
+    try:
+        import horovod.mxnet  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means: not usable here
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _horovod_available(), reason="horovod.mxnet not installed")
+def test_one_machine_allreduce_job_listens_on_loopback_only(tmp_path, mark):
+    """A Horovod/Gloo job: the rendezvous service listens on 127.0.0.1 only
+    (the workers' Gloo pairs listen on nothing once connected)."""
+    (tmp_path / "hvd.py").write_text(HOROVOD_WAIT)
+    go, stream, holder = tmp_path / "go", TimedStream(), {}
+    env = dict(NODE_ENV, GO_FILE=str(go), **{MARK_VAR: mark})
+    thread = threading.Thread(target=lambda: holder.update(result=run_job(
+        [sys.executable, str(tmp_path / "hvd.py")], 2, env=env, timeout=10, job_timeout=150,
+        stream=stream, allreduce=True)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while stream.count("allreduce 3.0") < 2 and time.monotonic() < deadline \
+                and thread.is_alive():
+            time.sleep(0.05)
+        assert stream.count("allreduce 3.0") == 2, "\n".join(line for _, line in stream.lines)
+        addresses = {a for pid in marked_processes(mark) for a, _ in listening(pid)}
+    finally:
+        go.touch()
+        thread.join(BOUND_S + 30)
+    assert addresses == {"127.0.0.1"}, addresses
+    assert holder["result"].returncode == 0, holder["result"].output[-3000:]
+    assert marked_processes(mark) == []

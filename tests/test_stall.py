@@ -282,9 +282,12 @@ def test_cli_restart(tmp_path, mark, capsys):
 
 
 # An unchanged Gluon script (it knows nothing of progress reports): the
-# launcher's worker_site hook reports its Trainer steps.  Worker 1 then loops.
+# launcher's worker_site hook reports its Trainer steps, marked as inferred.
+# Worker 1 then sleeps after its steps, the other waits for it: silence after
+# inferred reports is no stall (the hook cannot see an evaluation pass); the
+# test SIGSTOPs worker 1 and reads its last step in the failure line.
 GLUON_STEPS = r"""
-import os, mxnet as mx
+import os, time, mxnet as mx
 from mxnet import autograd, gluon
 net = gluon.nn.Dense(2, in_units=3)
 net.initialize(mx.init.Constant(0.1))
@@ -297,23 +300,26 @@ for step in range(1, 8):
     loss.backward()
     trainer.step(4)
     mx.nd.waitall()
+    time.sleep(0.2)
 print("trained 7 steps", flush=True)
 if os.environ["MXNET_CPSGD_WORKER_INDEX"] == "1":
-    while True:
-        pass
+    time.sleep(300)
 trainer.step(4)  # waits for worker 1's push
 """
 
 
 def test_unchanged_gluon_script_reports_its_steps(tmp_path, mark):
-    # without the hook's reports only the job timeout would end this job
-    result = run_job(script(tmp_path, "gluon_steps.py", GLUON_STEPS), 2, 1,
-                     env=node_env(mark), timeout=10, job_timeout=60, stall_timeout=3,
-                     stream=None)
+    job = Background(script(tmp_path, "gluon_steps.py", GLUON_STEPS), 2, 1,
+                     env=node_env(mark), timeout=10, job_timeout=150, stall_timeout=2)
+    assert job.stream.wait_for(["[worker 0] trained 7 steps", "[worker 1] trained 7 steps"],
+                               120), "\n".join(line for _, line in job.stream.lines)
+    time.sleep(6)  # 3 stall timeouts of silence after inferred reports: no stall
+    assert job.thread.is_alive(), "\n".join(line for _, line in job.stream.lines)
+    os.kill(worker_pid(mark, 1), signal.SIGSTOP)
+    result = job.join(BOUND_S + 30)
     assert result.returncode == 1, result.output[-3000:]
-    assert "[worker 1] trained 7 steps" in result.output
-    assert re.match(r"^worker 1 made no progress for \d+\.\d s: no worker reports progress, "
-                    r"and it kept a CPU busy \(last report: phase train step \d+, \d+\.\d s ago\); "
+    assert re.match(r"^worker 1 made no progress for \d+\.\d s: its process is stopped "
+                    r"\(state T\) \(last report: phase train step \d+, \d+\.\d s ago\); "
                     r"stopping the job$", result.failure), result.failure
     assert "[cpsgd-progress]" not in result.output
     assert marked_processes(mark) == []

@@ -107,6 +107,8 @@ class Node:
     #: the newest progress report (workers) and when it arrived (time.monotonic)
     last_report: Optional[progress.Report] = None
     last_report_at: Optional[float] = None
+    #: whether the newest report was inferred by the step hook (not watched for silence)
+    last_report_inferred: bool = False
 
     @property
     def name(self) -> str:

@@ -21,13 +21,16 @@ waits for it forever.  Two kinds of evidence end such a job, each after
   stalled.  The node blamed is a stopped one or one in uninterruptible sleep
   (``D``) if there is one, else a worker on this machine that kept a CPU busy
   all the while (a loop that never ends a step), else the worker whose report
-  is the oldest.  One
-  worker evaluating (and reporting) while the others wait for it at the next
-  step is no stall: some worker still progresses.
+  is the oldest.  One worker evaluating (and reporting) while the others
+  wait for it at the next step is no stall: some worker still progresses.
+  Reports that the launcher's step hook inferred from an unchanged script's
+  ``Trainer.step`` calls only say what the worker last did: the hook cannot
+  see an evaluation pass, so silence after them is no evidence.
 
 CPU time alone ends no job: in a stalled synchronous job every waiting node
 burns as little CPU as a stuck one, and a script sleeping or waiting for input
-looks like a hung one; it only picks the culprit among silent workers.  ps-lite's heartbeats
+looks like a hung one; it only picks the culprit among silent workers.
+ps-lite's heartbeats
 (``PS_HEARTBEAT_INTERVAL``) are not used either: in MXNet 1.9.1's ps-lite the
 scheduler only records them (for a recovering node), it never acts on a
 missing one, and a stopped node's sockets stay open.
@@ -127,7 +130,8 @@ class StallWatch:
             since = self._stopped_since.get(node.name)
             if since is not None and now - since >= self.stall_timeout:
                 return self._stopped_line(node, now - since, now)
-        reporting = [n for n in running if n.role == "worker" and n.last_report_at is not None]
+        reporting = [n for n in running if n.role == "worker" and n.last_report_at is not None
+                     and not n.last_report_inferred]
         if not reporting or any(now - n.last_report_at <= allowance(n, self.stall_timeout)
                                 for n in reporting):
             return None

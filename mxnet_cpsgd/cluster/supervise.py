@@ -130,6 +130,7 @@ class Output:
         if report is None:
             return text
         node.last_report, node.last_report_at = report, time.monotonic()
+        node.last_report_inferred = progress.inferred(text)
         return text[:at] or None
 
     def stderr_printer(self, node: Node) -> Callable[[str], None]:
