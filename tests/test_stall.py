@@ -170,7 +170,8 @@ def test_worker_that_stops_progressing_ends_the_job(tmp_path, mark):
     assert marked_processes(mark) == []
 
 
-# Worker 0 reports a slow start, trains, evaluates (reporting) for longer than
+# Worker 0 reports a slow start, trains (steps slowing down beyond the stall
+# timeout, each at most 3 times the longest gap before), evaluates (reporting) for longer than
 # the stall timeout, then one slow evaluation batch and a slow save, then
 # exits 0; worker 1 never reports and sleeps about as long.  No store: servers
 # and scheduler only wait.
@@ -187,13 +188,16 @@ time.sleep(2.5 * T)                 # a slow first step
 for step in range(1, 6):
     time.sleep(0.2)
     reporter.report("train", step)
+for step, gap in ((6, 0.9), (7, 1.5), (8, 2.5)):  # steps that get slower (a slow network)
+    time.sleep(gap * T)
+    reporter.report("train", step)
 for batch in range(1, int(3 * T / 0.4)):  # a long evaluation pass, reporting
     time.sleep(0.4)
     reporter.report("eval", batch)
 time.sleep(2.5 * T)                 # one slow evaluation batch
-reporter.report("save", 5)
+reporter.report("save", 8)
 time.sleep(2.5 * T)                 # a slow checkpoint
-reporter.report("train", 6)
+reporter.report("train", 9)
 print("done", flush=True)
 """
 

@@ -109,6 +109,8 @@ class Node:
     last_report_at: Optional[float] = None
     #: whether the newest report was inferred by the step hook (not watched for silence)
     last_report_inferred: bool = False
+    #: the longest time between two successive ``train`` reports so far (seconds)
+    longest_train_gap: float = 0.0
 
     @property
     def name(self) -> str:

@@ -15,10 +15,11 @@ waits for it forever.  Two kinds of evidence end such a job, each after
   starts stops itself).
 * **No worker progressing.**  Workers report their phase and step
   (kvstore_ext/progress.py).  When every running worker that has reported is
-  silent for longer than its phase allows (``train``: ``stall_timeout``;
-  ``start``, ``eval`` and ``save``: :data:`LONG_PHASE_FACTOR` times that, for a
-  slow first step, a long evaluation batch or a large checkpoint), the job is
-  stalled.  The node blamed is a stopped one or one in uninterruptible sleep
+  silent for longer than its phase allows (``train``: ``stall_timeout``, or
+  :data:`SLOW_STEP_FACTOR` times the longest gap between its train reports so
+  far when steps are that slow; ``start``, ``eval`` and ``save``:
+  :data:`LONG_PHASE_FACTOR` times the timeout, for a slow first step, a long
+  evaluation batch or a large checkpoint), the job is stalled.  The node blamed is a stopped one or one in uninterruptible sleep
   (``D``) if there is one, else a worker on this machine that kept a CPU busy
   all the while (a loop that never ends a step), else the worker whose report
   is the oldest.  One worker evaluating (and reporting) while the others
@@ -44,6 +45,8 @@ from mxnet_cpsgd.cluster.nodes import Node
 
 #: ``start``, ``eval`` and ``save`` may be silent this many times the stall timeout
 LONG_PHASE_FACTOR = 4
+#: ``train`` may be silent this many times the longest gap between its reports so far
+SLOW_STEP_FACTOR = 3
 #: the stall timeout when none is given (seconds)
 DEFAULT_STALL_TIMEOUT_S = 30.0
 #: how often process states are read (seconds)
@@ -73,9 +76,14 @@ def process_state(node: Node) -> Tuple[Optional[str], Optional[float]]:
 
 
 def allowance(node: Node, stall_timeout: float) -> float:
-    """Seconds the worker may be silent in its current phase."""
+    """Seconds the worker may be silent in its current phase: ``train`` the
+    stall timeout, or :data:`SLOW_STEP_FACTOR` times the longest gap between
+    two train reports seen so far if that is longer (slow steps on a slow
+    network); the other phases :data:`LONG_PHASE_FACTOR` times the timeout."""
     phase = node.last_report.phase if node.last_report else "start"
-    return stall_timeout if phase == "train" else LONG_PHASE_FACTOR * stall_timeout
+    if phase == "train":
+        return max(stall_timeout, SLOW_STEP_FACTOR * node.longest_train_gap)
+    return LONG_PHASE_FACTOR * stall_timeout
 
 
 def last_did(node: Node, now: float) -> str:

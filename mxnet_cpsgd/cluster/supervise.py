@@ -129,7 +129,11 @@ class Output:
         report = progress.parse(text[at:])
         if report is None:
             return text
-        node.last_report, node.last_report_at = report, time.monotonic()
+        now = time.monotonic()
+        if report.phase == "train" and node.last_report is not None \
+                and node.last_report.phase == "train":
+            node.longest_train_gap = max(node.longest_train_gap, now - node.last_report_at)
+        node.last_report, node.last_report_at = report, now
         node.last_report_inferred = progress.inferred(text)
         return text[:at] or None
 
