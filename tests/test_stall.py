@@ -327,3 +327,23 @@ def test_unchanged_gluon_script_reports_its_steps(tmp_path, mark):
                     r"stopping the job$", result.failure), result.failure
     assert "[cpsgd-progress]" not in result.output
     assert marked_processes(mark) == []
+
+
+def test_restart_after_a_stall(tmp_path, mark):
+    """SIGSTOP of the server, --max-restarts 1: the stalled job is torn down
+    and started again; the second attempt (MXNET_CPSGD_RESTART=1) succeeds."""
+    text = "import os, sys\nif os.environ.get('MXNET_CPSGD_RESTART') == '1':\n" \
+           "    print('restarted', flush=True)\n    sys.exit(0)\n" \
+           + KV_STEPS.replace("step == 20", "False")
+    job = Background(script(tmp_path, "steps.py", text), 2, 1, env=node_env(mark), timeout=10,
+                     job_timeout=150, stall_timeout=3, max_restarts=1)
+    assert job.stream.wait_for(["[worker 0] store up", "[worker 1] store up"], 120), \
+        "\n".join(line for _, line in job.stream.lines)
+    os.kill(role_pid(mark, "server"), signal.SIGSTOP)
+    result = job.join(BOUND_S + 60)
+    assert result.returncode == 0 and result.restarts == 1, result.output[-3000:]
+    assert re.search(r"^cpsgd-launch: restart 1 of 1 \(MXNET_CPSGD_RESTART=1\) after: server 0 "
+                     r"made no progress for \d+\.\d s: its process is stopped", result.output,
+                     re.M), result.output[-3000:]
+    assert "[worker 0] restarted" in result.output and "[worker 1] restarted" in result.output
+    assert marked_processes(mark) == []
