@@ -305,14 +305,16 @@ def test_remote_death_ends_the_job(make_hosts, launchers, mark, tmp_path, target
     assert_nothing_left(hosts, mark)
 
 
-@pytest.mark.parametrize("target", ["server", "worker"])
+@pytest.mark.parametrize("target", ["server", "worker", "scheduler"])
 def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path, target):
     """Every node listens on its own cluster address only; then SIGSTOP of a
-    remote server or worker: its watchdog reports the stopped state and the
-    launcher ends the job (--stall-timeout 3) with one line naming it."""
+    remote server, worker or scheduler (--scheduler-on-first-host): its
+    watchdog reports the stopped state and the launcher ends the job
+    (--stall-timeout 3) with one line naming it."""
     hosts = make_hosts(2)
     (tmp_path / "loop.py").write_text(KV_LOOP)
-    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1", "--stall-timeout", "3"],
+    extra = ["--scheduler-on-first-host"] if target == "scheduler" else []
+    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1", "--stall-timeout", "3"] + extra,
                          [sys.executable, str(tmp_path / "loop.py")])
     h1, h2 = (h.address for h in hosts.hosts)
     assert launcher.wait_for(["[worker 0 on %s] store up" % h2,
@@ -323,7 +325,7 @@ def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path,
         for address, _ in listening(pid):
             assert address == host, (_cmdline(pid), address, host)
     assert any(listening(p) for p in marked_processes(mark))
-    victim = node_pids(mark, target, h1 if target == "server" else h2)[1]
+    victim = node_pids(mark, target, h2 if target == "worker" else h1)[1]
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     code = launcher.finish(BOUND_S + 30)
@@ -333,7 +335,8 @@ def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path,
                    if "stopping the job" in line) - stopped
     print("remote %s SIGSTOPped: stall reported after %.1f s, launcher exited after %.1f s "
           "(stall timeout 3 s)" % (target, noticed, took))
-    name = "server 0 on %s" % h1 if target == "server" else "worker 0 on %s" % h2
+    name = {"server": "server 0 on %s" % h1, "worker": "worker 0 on %s" % h2,
+            "scheduler": "scheduler on %s" % h1}[target]
     failures = [line for line in launcher.lines if line and "stopping the job" in line]
     assert code == 1, text[-4000:]
     assert len(failures) == 1 and re.match(
