@@ -13,7 +13,10 @@ Line format (one line, ASCII)::
 ``phase`` is one of :data:`PHASES`: ``start`` (before the first step: loading
 data, building the model, the first step's graph), ``train`` (``step`` = steps
 completed), ``eval`` (an evaluation pass; ``step`` = batches evaluated in it),
-``save`` (writing a checkpoint).  A report that ends in :data:`INFERRED`
+``save`` (writing a checkpoint), ``exit`` (the script's main code is over;
+the interpreter shuts down, MXNet's store waits for the other workers at its
+final barrier; reported by :func:`install_exit_report`).  A report that ends
+in :data:`INFERRED`
 comes from :func:`install_step_hook` (an unchanged script's steps): the
 launcher shows it as what the worker last did but does not expect more, since
 the hook cannot see an evaluation pass or anything else between steps.
@@ -28,7 +31,7 @@ from typing import IO, NamedTuple, Optional
 
 ENV = "MXNET_CPSGD_PROGRESS"
 PREFIX = "[cpsgd-progress] "
-PHASES = ("start", "train", "eval", "save")
+PHASES = ("start", "train", "eval", "save", "exit")
 #: the last word of a report inferred by the step hook
 INFERRED = "source=hook"
 
@@ -104,6 +107,23 @@ class ProgressReporter:
         except (OSError, ValueError):  # the launcher is gone: nothing to report to
             return
         self._phase, self._last = phase, now
+
+
+def install_exit_report(reporter: Optional[ProgressReporter] = None) -> bool:
+    """Report phase ``exit`` when the interpreter starts to shut down (an
+    ``atexit`` handler; registered first, so it runs after those of modules
+    imported later, MXNet's among them, and before MXNet's store waits at its
+    final barrier while the module objects are torn down).  Only when :func:`wanted`.
+
+    Returns:
+        Whether it was installed.
+    """
+    reporter = reporter or ProgressReporter()
+    if not reporter.enabled:
+        return False
+    import atexit
+    atexit.register(reporter.report, "exit", 0)
+    return True
 
 
 #: the step hook: module -> (class, method) of which every call is one training step

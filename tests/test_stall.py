@@ -347,3 +347,51 @@ def test_restart_after_a_stall(tmp_path, mark):
                      re.M), result.output[-3000:]
     assert "[worker 0] restarted" in result.output and "[worker 1] restarted" in result.output
     assert marked_processes(mark) == []
+
+
+# Reports a train step every 0.2 s for about 12 s, then exits 0.
+STEADY = r"""
+import time
+from kvstore_ext.progress import ProgressReporter
+reporter = ProgressReporter(min_interval=0.1)
+print("reporting", flush=True)
+for step in range(60):
+    reporter.report("train", step)
+    time.sleep(0.2)
+print("done", flush=True)
+"""
+
+
+def test_stopped_launcher_raises_no_false_alarm(tmp_path, mark):
+    """The launcher itself SIGSTOPped for 3 stall timeouts while its workers
+    keep reporting: once continued, it must not take the silence it did not
+    watch for a stall (the reports wait unread in the pipes)."""
+    import subprocess
+    (tmp_path / "steady.py").write_text(STEADY)
+    env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1", "--stall-timeout",
+         "2", "--timeout", "10", "--job-timeout", "120", "--", sys.executable,
+         str(tmp_path / "steady.py")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while sum("reporting" in line for line in lines) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+        launcher.send_signal(signal.SIGSTOP)
+        time.sleep(6)
+        launcher.send_signal(signal.SIGCONT)
+        code = launcher.wait(120)
+        reader.join(5)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    text = "".join(lines)
+    assert code == 0, text[-3000:]
+    assert "[worker 1] done" in text and "stopping the job" not in text
+    assert marked_processes(mark) == []

@@ -27,7 +27,9 @@ _module = _load("exit_on_error")
 if _module.wanted():
     _module.install()
 try:  # progress reports of an unchanged script's steps (see ../progress.py); best effort
-    _load("progress").install_step_hook()
+    _progress = _load("progress")
+    _progress.install_exit_report()
+    _progress.install_step_hook()
 except Exception:  # noqa: BLE001 - never keep a worker from starting
     pass
 

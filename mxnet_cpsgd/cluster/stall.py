@@ -19,7 +19,10 @@ waits for it forever.  Two kinds of evidence end such a job, each after
   :data:`SLOW_STEP_FACTOR` times the longest gap between its train reports so
   far when steps are that slow; ``start``, ``eval`` and ``save``:
   :data:`LONG_PHASE_FACTOR` times the timeout, for a slow first step, a long
-  evaluation batch or a large checkpoint), the job is stalled.  The node blamed is a stopped one or one in uninterruptible sleep
+  evaluation batch or a large checkpoint), the job is stalled.  A worker in
+  phase ``exit`` (reported by the launcher's ``worker_site`` once the
+  script's main code is over) is not watched for silence: it may wait at
+  MXNet's final barrier for as long as the others still train.  The node blamed is a stopped one or one in uninterruptible sleep
   (``D``) if there is one, else a worker on this machine that kept a CPU busy
   all the while (a loop that never ends a step), else the worker whose report
   is the oldest.  One worker evaluating (and reporting) while the others
@@ -51,10 +54,14 @@ SLOW_STEP_FACTOR = 3
 DEFAULT_STALL_TIMEOUT_S = 30.0
 #: how often process states are read (seconds)
 SAMPLE_S = 0.25
+#: a longer gap between two checks means the launcher itself did not run
+LAUNCHER_PAUSE_S = 2.0
 #: process states that count as evidence (see the module doc)
 STOPPED, UNINTERRUPTIBLE = "T", "D"
-#: a silent worker that used this share of a CPU over the stall timeout is busy
-BUSY_SHARE = 0.25
+#: a silent worker that used this share of a CPU over the stall timeout is busy (a
+#: worker waiting for the others uses next to none; a loop gets more even on a
+#: machine loaded 10 times over)
+BUSY_SHARE = 0.05
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -111,6 +118,9 @@ class StallWatch:
         #: node name -> when it was first seen stopped (continuously since)
         self._stopped_since: Dict[str, float] = {}
         self._sampled = 0.0
+        self._checked: Optional[float] = None
+        #: silence before this time does not count (the launcher itself was not running)
+        self._awake_since = time.monotonic()
 
     def _sample(self, now: float) -> None:
         for node in self.nodes:
@@ -130,6 +140,12 @@ class StallWatch:
         """One line naming the stalled node (ending with ``; stopping the job``),
         or None while the job is not stalled."""
         now = time.monotonic() if now is None else now
+        if self._checked is not None and now - self._checked > LAUNCHER_PAUSE_S:
+            # the launcher was stopped or starved of CPU: its readers may hold
+            # reports not yet read, and the samples have a gap; start afresh
+            self._awake_since = now
+            self._stopped_since.clear()
+        self._checked = now
         if now - self._sampled >= SAMPLE_S:
             self._sample(now)
             self._sampled = now
@@ -139,11 +155,14 @@ class StallWatch:
             if since is not None and now - since >= self.stall_timeout:
                 return self._stopped_line(node, now - since, now)
         reporting = [n for n in running if n.role == "worker" and n.last_report_at is not None
-                     and not n.last_report_inferred]
-        if not reporting or any(now - n.last_report_at <= allowance(n, self.stall_timeout)
+                     and not n.last_report_inferred and n.last_report.phase != "exit"]
+        if not reporting or any(now - self._silent_since(n) <= allowance(n, self.stall_timeout)
                                 for n in reporting):
             return None
         return self._silent_line(reporting, now)
+
+    def _silent_since(self, node: Node) -> float:
+        return max(node.last_report_at, self._awake_since)
 
     def _stopped_line(self, node: Node, seconds: float, now: float) -> str:
         line = "%s made no progress for %.1f s: its process is stopped (state T)" % (
@@ -153,7 +172,7 @@ class StallWatch:
         return line + "; stopping the job"
 
     def _silent_line(self, reporting: List[Node], now: float) -> str:
-        silent = now - max(n.last_report_at for n in reporting)
+        silent = now - max(self._silent_since(n) for n in reporting)
         suspects = [n for n in self.nodes if n.returncode is None
                     and self._states.get(n.name) in (STOPPED, UNINTERRUPTIBLE)]
         busy = [n for n in reporting if self._busy(n.name)]
