@@ -13,7 +13,13 @@ Line format (one line, ASCII)::
 ``phase`` is one of :data:`PHASES`: ``start`` (before the first step: loading
 data, building the model, the first step's graph), ``train`` (``step`` = steps
 completed), ``eval`` (an evaluation pass; ``step`` = batches evaluated in it),
-``save`` (writing a checkpoint).
+``save`` (writing a checkpoint), ``exit`` (the script's main code is over;
+the interpreter shuts down, MXNet's store waits for the other workers at its
+final barrier; reported by :func:`install_exit_report`).  A report that ends
+in :data:`INFERRED`
+comes from :func:`install_step_hook` (an unchanged script's steps): the
+launcher shows it as what the worker last did but does not expect more, since
+the hook cannot see an evaluation pass or anything else between steps.
 
 Standard library only: the launcher (``mxnet_cpsgd.cluster``) and the worker
 side (stores, the training loop, ``worker_site``) both import this file.
@@ -25,7 +31,9 @@ from typing import IO, NamedTuple, Optional
 
 ENV = "MXNET_CPSGD_PROGRESS"
 PREFIX = "[cpsgd-progress] "
-PHASES = ("start", "train", "eval", "save")
+PHASES = ("start", "train", "eval", "save", "exit")
+#: the last word of a report inferred by the step hook
+INFERRED = "source=hook"
 
 
 class Report(NamedTuple):
@@ -38,6 +46,11 @@ def format_report(phase: str, step: int) -> str:
     if phase not in PHASES:
         raise ValueError("progress phase %r is not one of %s" % (phase, ", ".join(PHASES)))
     return "%sphase=%s step=%d" % (PREFIX, phase, int(step))
+
+
+def inferred(line: str) -> bool:
+    """Whether the report line came from the step hook (see the module doc)."""
+    return line.rstrip().endswith(" " + INFERRED)
 
 
 def parse(line: str) -> Optional[Report]:
@@ -67,11 +80,14 @@ class ProgressReporter:
     Args:
         min_interval: seconds between two reports of the same phase.
         stream: where to write (default: ``sys.stderr`` at the time of writing).
+        enabled: report (default: :func:`wanted`).
+        inferred: mark the reports as the step hook's (:data:`INFERRED`).
     """
 
     def __init__(self, min_interval: float = 1.0, stream: Optional[IO[str]] = None,
-                 enabled: Optional[bool] = None) -> None:
+                 enabled: Optional[bool] = None, inferred: bool = False) -> None:
         self.min_interval = min_interval
+        self.suffix = " " + INFERRED if inferred else ""
         self.stream = stream
         self.enabled = wanted() if enabled is None else enabled
         self._phase = None
@@ -86,8 +102,101 @@ class ProgressReporter:
             return
         stream = self.stream if self.stream is not None else sys.stderr
         try:
-            stream.write(format_report(phase, step) + "\n")
+            stream.write(format_report(phase, step) + self.suffix + "\n")
             stream.flush()
         except (OSError, ValueError):  # the launcher is gone: nothing to report to
             return
         self._phase, self._last = phase, now
+
+
+def install_exit_report(reporter: Optional[ProgressReporter] = None) -> bool:
+    """Report phase ``exit`` when the interpreter starts to shut down (an
+    ``atexit`` handler; registered first, so it runs after those of modules
+    imported later, MXNet's among them, and before MXNet's store waits at its
+    final barrier while the module objects are torn down).  Only when :func:`wanted`.
+
+    Returns:
+        Whether it was installed.
+    """
+    reporter = reporter or ProgressReporter()
+    if not reporter.enabled:
+        return False
+    import atexit
+    atexit.register(reporter.report, "exit", 0)
+    return True
+
+
+#: the step hook: module -> (class, method) of which every call is one training step
+STEP_METHODS = {"mxnet.gluon.trainer": ("Trainer", "_update"),   # step() and update()
+                "mxnet.module.module": ("Module", "update")}
+#: a process that imported this module under its own name reports by itself
+OWN_MODULE = "kvstore_ext.progress"
+
+
+def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
+    """Make an unchanged training script report ``train`` steps.
+
+    Once MXNet's ``gluon.trainer`` (or ``module.module``) is imported, every
+    ``Trainer.step``/``Trainer.update`` (``Module.update``) reports the number
+    of such calls so far as the step, marked :data:`INFERRED`.  Stays silent in a process that imported
+    ``kvstore_ext.progress`` itself (the project's training loop reports its
+    own phases and steps).  The launcher loads this file, through
+    ``worker_site/sitecustomize.py``, into every worker before its script runs.
+
+    Returns:
+        Whether the hook was installed (only when :func:`wanted`).
+    """
+    reporter = reporter or ProgressReporter(inferred=True)
+    if not reporter.enabled:
+        return False
+    steps = [0]
+
+    def on_step() -> None:
+        if OWN_MODULE in sys.modules:
+            return
+        steps[0] += 1
+        reporter.report("train", steps[0])
+    sys.meta_path.insert(0, _StepFinder(on_step))
+    return True
+
+
+class _StepFinder:
+    """A meta path finder that patches the modules of STEP_METHODS as they load."""
+
+    def __init__(self, on_step) -> None:
+        self._on_step = on_step
+
+    def find_spec(self, name, path, target=None):
+        if name not in STEP_METHODS:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, STEP_METHODS[name], self._on_step)
+        return spec
+
+
+class _PatchingLoader:
+    """Runs the module as its own loader would, then wraps the step method."""
+
+    def __init__(self, loader, target, on_step) -> None:
+        self._loader, self._target, self._on_step = loader, target, on_step
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        cls = getattr(module, self._target[0], None)
+        original = getattr(cls, self._target[1], None)
+        if original is None:
+            return
+        on_step = self._on_step
+
+        def step_method(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            on_step()
+            return result
+        step_method.__wrapped__ = original
+        step_method.__name__ = original.__name__
+        setattr(cls, self._target[1], step_method)

@@ -7,6 +7,8 @@ import glob
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import time
 
@@ -105,3 +107,36 @@ def remove_networks_of(launcher_logs):
     if ns or links:
         netem.remove_leftovers(ns, links)
     return ns + links
+
+
+def listening(pid):
+    """(address, port) of every TCP socket of ``pid`` in state LISTEN, read from
+    /proc (its network namespace's view); IPv4 addresses dotted, IPv6 hex."""
+    inodes = set()
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return []
+    for fd in fds:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, table)) as f:
+                rows = f.readlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            words = row.split()
+            if words[3] != "0A" or words[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = words[1].split(":")
+            if table == "tcp":
+                address = socket.inet_ntoa(struct.pack("<I", int(address, 16)))
+            found.append((address, int(port, 16)))
+    return found

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, kill_all, marked_processes
+from procs import MARK_VAR, kill_all, listening, marked_processes
 
 from mxnet_cpsgd.cluster import hosts as emulated
 
@@ -83,6 +83,7 @@ class Launcher:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines = []
+        self.times = []  # when each line arrived (time.monotonic)
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -91,6 +92,7 @@ class Launcher:
         for line in self.proc.stdout:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
+                self.times.append(time.monotonic())
                 self._cond.notify_all()
         with self._cond:
             self.lines.append(None)
@@ -300,6 +302,75 @@ def test_remote_death_ends_the_job(make_hosts, launchers, mark, tmp_path, target
     assert len(failures) == 1 and failures[0].startswith("cpsgd-launch: " + expected), \
         text[-4000:]
     assert took < BOUND_S, "the job took %.1f s to end" % took
+    assert_nothing_left(hosts, mark)
+
+
+@pytest.mark.parametrize("target", ["server", "worker", "scheduler"])
+def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path, target):
+    """Every node listens on its own cluster address only; then SIGSTOP of a
+    remote server, worker or scheduler (--scheduler-on-first-host): its
+    watchdog reports the stopped state and the launcher ends the job
+    (--stall-timeout 3) with one line naming it."""
+    hosts = make_hosts(2)
+    (tmp_path / "loop.py").write_text(KV_LOOP)
+    extra = ["--scheduler-on-first-host"] if target == "scheduler" else []
+    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1", "--stall-timeout", "3"] + extra,
+                         [sys.executable, str(tmp_path / "loop.py")])
+    h1, h2 = (h.address for h in hosts.hosts)
+    assert launcher.wait_for(["[worker 0 on %s] store up" % h2,
+                              "[worker 1 on %s] store up" % h1]), launcher.text[-4000:]
+    # security model: nothing listens on a wildcard or another host's address
+    for pid in marked_processes(mark):
+        host = _environ(pid).get(b"DMLC_NODE_HOST", b"").decode()
+        for address, _ in listening(pid):
+            assert address == host, (_cmdline(pid), address, host)
+    assert any(listening(p) for p in marked_processes(mark))
+    victim = node_pids(mark, target, h2 if target == "worker" else h1)[1]
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    code = launcher.finish(BOUND_S + 30)
+    took = time.monotonic() - stopped
+    text = launcher.text
+    noticed = next(t for t, line in zip(launcher.times, launcher.lines)
+                   if "stopping the job" in line) - stopped
+    print("remote %s SIGSTOPped: stall reported after %.1f s, launcher exited after %.1f s "
+          "(stall timeout 3 s)" % (target, noticed, took))
+    name = {"server": "server 0 on %s" % h1, "worker": "worker 0 on %s" % h2,
+            "scheduler": "scheduler on %s" % h1}[target]
+    failures = [line for line in launcher.lines if line and "stopping the job" in line]
+    assert code == 1, text[-4000:]
+    assert len(failures) == 1 and re.match(
+        r"^cpsgd-launch: %s made no progress for \d+\.\d s: its process is stopped \(state T\)"
+        % re.escape(name), failures[0]), text[-4000:]
+    assert took < BOUND_S
+    assert_nothing_left(hosts, mark)
+
+
+# Worker 1 fails on the first attempt; every worker checks the restart count.
+FAIL_ONCE = r"""
+import os, sys
+restart = os.environ.get("MXNET_CPSGD_RESTART")
+print("attempt with MXNET_CPSGD_RESTART=%s" % restart, flush=True)
+if restart is None and os.environ["MXNET_CPSGD_WORKER_INDEX"] == "1":
+    raise ValueError("first attempt fails")
+sys.exit(0 if restart in (None, "1") else 7)
+"""
+
+
+def test_restart_across_hosts(make_hosts, launchers, mark, tmp_path):
+    hosts = make_hosts(2)
+    (tmp_path / "once.py").write_text(FAIL_ONCE)
+    launcher = launchers(hosts, mark, ["-n", "2", "-s", "1", "--max-restarts", "2"],
+                         [sys.executable, str(tmp_path / "once.py")])
+    code = launcher.finish(240)
+    text = launcher.text
+    assert code == 0, text[-4000:]
+    h1 = hosts.hosts[0].address
+    assert "cpsgd-launch: restart 1 of 2 (MXNET_CPSGD_RESTART=1) after: worker 1 on %s " \
+           "exited with code 1 after raising ValueError: first attempt fails" % h1 in text, text
+    assert "[worker 1 on %s] attempt with MXNET_CPSGD_RESTART=1" % h1 in text
+    assert text.count("job started on hosts") == 2
+    assert launcher.lines[-2] == "cpsgd-launch: job finished successfully", text[-2000:]
     assert_nothing_left(hosts, mark)
 
 

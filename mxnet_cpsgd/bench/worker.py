@@ -105,7 +105,7 @@ def server_namespaces(num_servers):
     """Names of the servers' namespaces, derived from this worker's own.
 
     The launcher names a job's namespaces ``<job>-<i>`` with i = 0 for the
-    scheduler and 1..S for the servers (mxnet_cpsgd.launch._build_nodes).
+    scheduler and 1..S for the servers (mxnet_cpsgd.cluster.local_nodes.build_local_nodes).
     Returns [] when this process's namespace cannot be identified.
     """
     try:

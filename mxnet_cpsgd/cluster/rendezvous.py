@@ -1,10 +1,11 @@
 """The rendezvous service of a Horovod/Gloo job started by :func:`launch.run_job`
 with ``allreduce=True`` (what ``horovodrun --gloo`` runs inside itself).
 
-``python -m mxnet_cpsgd.cluster.rendezvous --port P --hosts A,B,...`` serves
-Horovod's HTTP rendezvous on every address of its (network namespace's)
-interfaces at port P for one slot per listed host (``localhost`` repeated M
-times: M slots on one host), and runs until it is stopped.  Horovod is imported
+``python -m mxnet_cpsgd.cluster.rendezvous --port P --hosts A,B,... [--bind ADDR]``
+serves Horovod's HTTP rendezvous at port P on ADDR (default: every address of
+its network namespace; the launcher gives 127.0.0.1 on one machine) for one
+slot per listed host (``localhost`` repeated M times: M slots on one host), and
+runs until it is stopped.  Horovod is imported
 only here, so the launcher itself never needs it.
 """
 import argparse
@@ -16,6 +17,8 @@ import time
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.cluster.rendezvous")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--bind", default="0.0.0.0",
+                   help="address to listen on (default: every address)")
     p.add_argument("--hosts", required=True,
                    help="comma-separated host names, one per worker in rank order")
     args = p.parse_args(argv)
@@ -29,7 +32,7 @@ def main(argv=None):
         counts[name] = counts.get(name, 0) + 1
     hosts = ",".join("%s:%d" % (name, n) for name, n in counts.items())
     plan = get_host_assignments(parse_hosts(hosts), len(names))
-    server = RendezvousHTTPServer(("0.0.0.0", args.port), RendezvousHandler, 0)
+    server = RendezvousHTTPServer((args.bind, args.port), RendezvousHandler, 0)
     server.init(plan)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

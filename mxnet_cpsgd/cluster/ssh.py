@@ -1,15 +1,18 @@
 """Remote nodes over ssh for ``cpsgd-launch -H HOSTFILE``.
 
 Every remote node is one ``ssh`` client process on the launching machine whose
-remote command is a small watchdog (:data:`WATCHDOG`, standard library only,
+remote command is a small watchdog (:mod:`.watchdog`, standard library only,
 run with the job's interpreter) that
 
 * starts the node's command in a new session (process group) of its own, its
   stdout and stderr going to the ssh channel's stdout;
-* reports the command's pid and, at the end, its exit status on the channel's
-  stderr, as lines starting with :data:`PROTOCOL_MARK`;
+* reports the command's pid, whether its process is stopped (``T``), in
+  uninterruptible sleep (``D``) or neither (``-``) when that changes (sampled
+  every 0.25 s, for the launcher's stall detection) and, at the end, its exit
+  status on the channel's stderr, as lines starting with :data:`PROTOCOL_MARK`;
 * reads the channel's stdin: ``TERM`` / ``KILL`` signal the command's process
-  group (the launcher's teardown), ``PING`` is a heartbeat;
+  group (the launcher's teardown; ``TERM`` is followed by SIGCONT, so that a
+  stopped node acts on it), ``PING`` is a heartbeat;
 * when stdin reaches EOF (the ssh session ended: the launcher or its ssh
   client died, the connection was lost, the sshd session process was killed)
   or no line came for ``heartbeat`` seconds (a silent network partition), it
@@ -35,81 +38,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from mxnet_cpsgd.cluster.watchdog import PROTOCOL_MARK, WATCHDOG
+
 #: every node of a multi-host job carries this variable with the job's id
 JOB_ID_ENV = "CPSGD_LAUNCH_ID"
-#: watchdog lines on the channel's stderr start with this
-PROTOCOL_MARK = "\x1fcpsgd-remote "
 #: variables of the launcher's environment passed to remote nodes (besides --env)
 FORWARD_ENV_PREFIXES = ("MXNET_", "DMLC_", "PS_", "OMP_", "KMP_")
 FORWARD_ENV_NAMES = ("PYTHONPATH", "LD_LIBRARY_PATH")
-
-# Runs on every remote host as ``python -c WATCHDOG GRACE HEARTBEAT ARGV...``;
-# it must not import mxnet (the node's DMLC_ROLE is in its environment).
-WATCHDOG = r"""
-import os, signal, subprocess, sys, threading, time
-M = "\x1fcpsgd-remote "
-def say(*words):
-    try:
-        os.write(2, (M + " ".join(str(w) for w in words) + "\n").encode())
-    except OSError:
-        pass
-grace, heartbeat, argv = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-try:
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-except OSError as err:
-    print("cannot start %s: %s" % (argv[0], err), flush=True)
-    say("exit", 127)
-    os._exit(127)
-say("pid", child.pid)
-last = [time.monotonic()]
-lock = threading.Lock()
-def group(sig):
-    try:
-        os.killpg(child.pid, sig)
-    except OSError:
-        pass
-def stop(why):
-    with lock:
-        group(signal.SIGTERM)
-        end = time.monotonic() + grace
-        while time.monotonic() < end:
-            try:
-                os.killpg(child.pid, 0)
-            except OSError:
-                break
-            time.sleep(0.05)
-        group(signal.SIGKILL)
-        say("stopped", why)
-        os._exit(128 + signal.SIGTERM)
-def control():
-    while True:
-        line = sys.stdin.buffer.readline()
-        if not line:
-            stop("ssh_session_ended")
-        last[0] = time.monotonic()
-        word = line.strip()
-        if word == b"TERM":
-            group(signal.SIGTERM)
-        elif word == b"KILL":
-            group(signal.SIGKILL)
-def watch():
-    while True:
-        time.sleep(min(1.0, heartbeat / 4))
-        if time.monotonic() - last[0] > heartbeat:
-            stop("no_heartbeat")
-for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(signum, lambda s, f: threading.Thread(target=stop, args=("signal_%d" % s,)).start())
-threading.Thread(target=control, daemon=True).start()
-if heartbeat > 0:
-    threading.Thread(target=watch, daemon=True).start()
-code = child.wait()
-with lock:
-    group(signal.SIGKILL)
-    sys.stdout.flush()
-    say("exit", code)
-    os._exit(code if code >= 0 else 128 - code)
-"""
 
 
 class HostError(ValueError):
@@ -366,6 +301,8 @@ class RemoteProcess:
         self.remote_pid: Optional[int] = None
         self.remote_exit: Optional[int] = None
         self.stopped_why: Optional[str] = None  # the watchdog stopped the node itself
+        #: 'T' (stopped), 'D' (uninterruptible sleep), '-' (neither) as last reported
+        self.remote_state: Optional[str] = None
         self.ssh_error = ""
         self._on_stderr = on_stderr
         self._stdin_lock = threading.Lock()
@@ -390,6 +327,8 @@ class RemoteProcess:
                         self.remote_pid = int(words[1])
                     elif len(words) == 2 and words[0] == "exit":
                         self.remote_exit = int(words[1])
+                    elif len(words) == 2 and words[0] == "state":
+                        self.remote_state = words[1]
                     elif len(words) == 2 and words[0] == "stopped":
                         self.stopped_why = words[1].replace("_", " ")
                     continue
@@ -446,8 +385,9 @@ class RemoteProcess:
             self._ssh.returncode, ": " + self.ssh_error if self.ssh_error else "")
 
     def signal_group(self, signum: int) -> None:
-        """SIGTERM/SIGKILL the remote process group through the watchdog."""
-        if self._ssh.poll() is not None:
+        """SIGTERM/SIGKILL the remote process group through the watchdog
+        (which continues it after SIGTERM; SIGCONT itself is not sent)."""
+        if self._ssh.poll() is not None or signum == signal.SIGCONT:
             return
         if signum == signal.SIGKILL:
             if self._kill_sent is None:
