@@ -196,6 +196,9 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     state = TrainState()
     if meta is not None:
         state = load_checkpoint(meta, net, trainer, ctx, rank, args.algorithm, step_bs)
+        skip_epoch = getattr(train_data, "skip_epoch", None)
+        for _ in range(state.epoch if skip_epoch is not None else 0):
+            skip_epoch()  # the shuffle of epoch e depends on the epochs before it
         logger.info("resumed from %s: epoch %d, iteration %d (batch %d of the epoch)",
                     meta["path"], state.epoch, state.iteration, state.epoch_iteration)
 

@@ -91,6 +91,18 @@ class ArrayLoader:
         n = len(self.data)
         return (n // self.batch_size) * self.batch_size if self.drop_last else n
 
+    def skip_epoch(self) -> None:
+        """Draw what one epoch draws from the loader's random stream, without
+        building batches (but running the transform, which draws too), so that a
+        resumed run sees the later epochs in the order an uninterrupted one does."""
+        if not self.shuffle:
+            return
+        order = self._rng.permutation(len(self.data))
+        if self.transform is not None:
+            for b in range(len(self)):
+                idx = np.sort(order[b * self.batch_size:(b + 1) * self.batch_size])
+                self.transform(self.data[idx], self._rng)
+
     def __iter__(self) -> Iterator[Tuple[mx.nd.NDArray, mx.nd.NDArray]]:
         order = (self._rng.permutation(len(self.data)) if self.shuffle
                  else np.arange(len(self.data)))
