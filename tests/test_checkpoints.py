@@ -151,13 +151,12 @@ def test_ssgd_resume_at_an_iteration_checkpoint_is_bit_identical(tmp_path):
     import mxnet as mx
     launch = pytest.importorskip("mxnet_cpsgd.launch")
 
-    def job(ckpt, iters, **env):
+    def job(ckpt, iters, *extra):
         tag = uuid.uuid4().hex
         command = _cmd(ckpt, tmp_path / ("log-%s.json" % tag), "--checkpoint-every", 3,
-                       "--max-iters", iters, algorithm="ssgd")
+                       "--max-iters", iters, *extra, algorithm="ssgd")
         try:
-            result = launch.run_job(command, 2, 1, env=dict(NODE_ENV, CPSGD_TRAIN_TEST=tag,
-                                                            **env),
+            result = launch.run_job(command, 2, 1, env=dict(NODE_ENV, CPSGD_TRAIN_TEST=tag),
                                     timeout=30, job_timeout=150, stream=None)
         finally:
             leftover = processes_with_env(CPSGD_TRAIN_TEST=tag)
@@ -168,7 +167,8 @@ def test_ssgd_resume_at_an_iteration_checkpoint_is_bit_identical(tmp_path):
 
     job(tmp_path / "a", 6)                        # uninterrupted
     job(tmp_path / "b", 3)                        # stops after the checkpoint at 3
-    result = job(tmp_path / "b", 6, MXNET_CPSGD_RESTART="1")
+    # the launcher sets MXNET_CPSGD_RESTART itself (on --max-restarts): --resume here
+    result = job(tmp_path / "b", 6, "--resume")
     assert "resumed from %s" % (tmp_path / "b" / "iter-000000003") in result.output
     a = mx.nd.load(str(tmp_path / "a" / "iter-000000006" / "model.params"))
     b = mx.nd.load(str(tmp_path / "b" / "iter-000000006" / "model.params"))
