@@ -17,6 +17,7 @@ missing, one line on stderr says so.  This module imports nothing of MXNet or th
 project (it runs inside ``site``).
 """
 import ctypes
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -41,7 +42,21 @@ MISSING_DRIVER = ("mxnet-cpsgd: %s, the NVIDIA driver's library, was not found: 
                   "(or put the folder holding %s on LD_LIBRARY_PATH)."
                   % (DRIVER_LIBRARY, DRIVER_LIBRARY))
 
+# MXNet 1.9.1's CUDA 11 wheels; with none of them installed nothing is loaded
+CUDA_WHEELS = tuple("mxnet-cu%d" % v for v in range(110, 118))
+
 _loaded = []
+
+
+def cuda_wheel_installed():
+    """Whether one of MXNet's CUDA 11 wheels is installed."""
+    for name in CUDA_WHEELS:
+        try:
+            importlib.metadata.distribution(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return False
 
 
 def library_files():
@@ -66,11 +81,11 @@ def preload(stream=None):
             (default ``sys.stderr``).
 
     Returns:
-        the paths loaded (empty when no NVIDIA package is installed).
+        the paths loaded (empty without a CUDA wheel or NVIDIA's packages).
     """
     if _loaded:
         return list(_loaded)
-    files = library_files()
+    files = library_files() if cuda_wheel_installed() else []
     if not files:
         return []
     try:

@@ -48,6 +48,7 @@ def test_loader_hook_runs_once_when_mxnet_is_imported(tmp_path):
     lib_dir = tmp_path / "nvidia" / "cuda_runtime" / "lib"
     lib_dir.mkdir(parents=True)
     os.symlink(libc, lib_dir / "libcudart.so.11.0")
+    _fake_dist(tmp_path, "mxnet_cu112-1.9.1")  # the loader acts only for a CUDA wheel
     code = ("import sys, cpsgd_cuda_libs as c; c.install_hook(); c.install_hook(); "
             "n = sum(type(f).__name__ == '_PreloadBeforeMXNet' for f in sys.meta_path); "
             "import mxnet; "
@@ -70,17 +71,19 @@ def test_no_nvidia_packages_no_preload():
     assert result.returncode == 0 and result.stdout.strip() == "[]", result
 
 
-@pytest.mark.parametrize("dists, expect", [
-    (["mxnet_cu112-1.9.1"], "several MXNet wheels installed over each other"),
-])
-def test_switch_refuses_mixed_wheels(tmp_path, dists, expect):
-    # a second wheel's metadata next to the installed CPU wheel: the switch must refuse
-    for dist in dists:
-        info = tmp_path / (dist + ".dist-info")
-        info.mkdir()
-        name, version = dist.rsplit("-", 1)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
-                                       % (name.replace("_", "-"), version))
+def _fake_dist(site, dist):
+    """Installed-package metadata (only) of ``dist`` ("name-version") under ``site``."""
+    info = site / (dist + ".dist-info")
+    info.mkdir()
+    name, version = dist.rsplit("-", 1)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
+                                   % (name.replace("_", "-"), version))
+
+
+def test_switch_refuses_mixed_wheels(tmp_path):
+    # a CUDA wheel's metadata next to the installed CPU wheel: the switch must refuse
+    _fake_dist(tmp_path, "mxnet_cu112-1.9.1")
+    expect = "several MXNet wheels installed over each other"
     code = ("import kvstore_ext as k\n"
             "try:\n    k.check_build()\nexcept k.UnsupportedBuildError as e:\n"
             "    print('refused:', e)\nelse:\n    print('accepted')")
