@@ -30,6 +30,14 @@ EXTRA_LIBRARIES = {"mxnet-cu%d" % v: ("nvidia-cusparse-cu11",) for v in range(11
 CUDA_WHEELS = ("mxnet-cu112", "mxnet-cu113", "mxnet-cu114", "mxnet-cu115",
                "mxnet-cu116", "mxnet-cu117")
 
+# 1.9.1 CUDA wheels that cannot be installed this way, and why (readelf -d libmxnet.so)
+NOT_INSTALLABLE = {
+    "mxnet-cu110": "its libmxnet.so needs libnvrtc.so.11.0 and libcusolver.so.10, which "
+                   "NVIDIA's PyPI packages do not carry",
+    "mxnet-cu111": "its libmxnet.so needs libnvrtc.so.11.1, which NVIDIA's PyPI packages "
+                   "do not carry",
+}
+
 # Wheels whose libmxnet.so scripts/check_gpu_wheel.sh admitted: the compression
 # switch's instructions are the CPU wheel's, and the switch's test and the main job
 # pass on it.  The per-push switch of kvstore='cpsgd' refuses every other build.
@@ -47,6 +55,9 @@ def requirements(wheel):
     """
     if wheel == CPU_WHEEL:
         return ["%s==%s" % (wheel, MXNET_VERSION)]
+    if wheel in NOT_INSTALLABLE:
+        raise ValueError("CPSGD_MXNET=%s: %s; choose one of: %s" % (
+            wheel, NOT_INSTALLABLE[wheel], ", ".join((CPU_WHEEL,) + CUDA_WHEELS)))
     if wheel not in CUDA_WHEELS:
         raise ValueError("CPSGD_MXNET=%s: not an MXNet %s wheel this project installs "
                          "with; choose one of: %s" % (
