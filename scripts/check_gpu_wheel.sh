@@ -71,7 +71,7 @@ export CPSGD_CHECK_WHEEL=$NAME  # lets the switch run on the wheel under check
     || refuse "not a CUDA build"
 
 step "tests/test_compression_switch.py"
-$NICE "$V/python" -m pytest -q -p no:cacheprovider tests/test_compression_switch.py \
+$NICE "$V/python" -m pytest -q -p no:cacheprovider -p no:warnings tests/test_compression_switch.py \
     || refuse "tests/test_compression_switch.py failed"
 
 step "the main job (scripts/main_job.sh's command)"
