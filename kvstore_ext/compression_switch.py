@@ -8,19 +8,24 @@ of one ``push`` call and back to "2bit" afterwards.  The per-key residual lives 
 separate buffer and is not touched.
 
 The field is reached through the KVStore handle with fixed offsets that were read
-off the frozen 1.9.1 x86-64 binaries (``mxnet`` and ``mxnet-cu112`` are built from
-the same source).  Before it ever writes, the switch checks the MXNet version, the
-platform, and that the fields hold exactly the values MXNet must have put there
+off the frozen 1.9.1 x86-64 binaries; ``builds.ADMITTED`` lists the wheels whose
+functions that use them have the same instructions (scripts/check_gpu_wheel.sh
+compares them by disassembly).  Before it ever writes, the switch checks the MXNet
+version, the installed wheel, the platform, and that the fields hold exactly the values MXNet must have put there
 (type "none" before compression is enabled, then "2bit" with the configured
 threshold).  On any mismatch it raises :class:`UnsupportedBuildError` and writes
 nothing.
 """
 import ctypes
+import importlib.metadata
+import os
 import platform
 import struct
 from contextlib import contextmanager
 
 import mxnet as mx
+
+from .builds import ADMITTED, CPU_WHEEL, CUDA_WHEELS
 
 SUPPORTED_VERSION = "1.9.1"
 # byte offset of the raw GradientCompression* inside mxnet::KVStore
@@ -30,10 +35,25 @@ _TYPE_OFFSET = 8
 _THRESHOLD_OFFSET = 12
 _TYPE_NONE = 0
 _TYPE_TWO_BIT = 1
+# scripts/check_gpu_wheel.sh names the wheel it is checking here, so that the switch's
+# tests run on it before it is admitted
+CHECK_ENV = "CPSGD_CHECK_WHEEL"
 
 
 class UnsupportedBuildError(RuntimeError):
     """The running MXNet binary is not one whose layout this module knows."""
+
+
+def installed_wheels():
+    """Names of the MXNet 1.9.1 wheels installed (normally exactly one)."""
+    found = []
+    for name in (CPU_WHEEL,) + CUDA_WHEELS + ("mxnet-cu110", "mxnet-cu111"):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
 
 
 def check_build():
@@ -46,12 +66,22 @@ def check_build():
         problems.append("processor %s (need x86_64)" % machine)
     if struct.calcsize("P") != 8:
         problems.append("a %d-bit Python (need 64-bit)" % (8 * struct.calcsize("P")))
+    wheels = installed_wheels()
+    if len(wheels) > 1:
+        problems.append("several MXNet wheels installed over each other (%s: they "
+                        "share the package mxnet/; keep one)" % ", ".join(wheels))
+    elif wheels and wheels[0] not in ADMITTED + (os.environ.get(CHECK_ENV),):
+        problems.append("the wheel %s" % wheels[0])
+    elif not wheels:
+        problems.append("an MXNet that no wheel installed (%s)"
+                        % getattr(mx, "__file__", "?"))
     if not mx.runtime.Features().is_enabled("DIST_KVSTORE"):
         problems.append("an MXNet build without DIST_KVSTORE")
     if problems:
         raise UnsupportedBuildError(
-            "the per-push compression switch only supports the mxnet / mxnet-cu112 "
-            "1.9.1 wheels on x86-64 Linux; found " + ", ".join(problems) + ". "
+            "the per-push compression switch only supports the %s %s wheels on "
+            "x86-64 Linux; found %s. " % (" / ".join(ADMITTED), SUPPORTED_VERSION,
+                                          ", ".join(problems)) +
             "Use kvstore='bitsgd' (always compressed) or 'odsgd' (never compressed) "
             "instead.")
 
@@ -118,3 +148,20 @@ class CompressionSwitch:
             yield
         finally:
             self._type_field.value = _TYPE_TWO_BIT
+
+
+def self_check():
+    """Print the running build and whether the switch supports it; return 0 if so."""
+    features = mx.runtime.Features()
+    print("MXNet %s from %s (wheel: %s)" % (mx.__version__, os.path.dirname(mx.__file__),
+                                          ", ".join(installed_wheels()) or "none"))
+    print("features: " + ", ".join("%s=%s" % (f, "on" if features.is_enabled(f) else "off")
+                                   for f in ("DIST_KVSTORE", "CUDA", "CUDNN", "NCCL")))
+    print("GPUs visible: %d" % mx.context.num_gpus())
+    try:
+        check_build()
+    except UnsupportedBuildError as err:
+        print("compression switch: unsupported: %s" % err)
+        return 1
+    print("compression switch: supported build")
+    return 0

@@ -14,6 +14,13 @@ stores over Horovod ``horovod``, ``signsgd``, ``topk``, ``powersgd`` and
 """
 import os as _os
 
+try:  # a GPU install: load NVIDIA's CUDA libraries before mxnet (cpsgd_cuda_libs.py)
+    import cpsgd_cuda_libs as _cuda_libs
+except ImportError:  # running from a source tree without the top-level module
+    _cuda_libs = None
+if _cuda_libs is not None and "mxnet" not in __import__("sys").modules:
+    _cuda_libs.preload()
+
 __version__ = "0.1.0"
 
 # A parameter server imports this package only to unpickle the server optimizer,

@@ -354,14 +354,19 @@ def test_cpsgd_matches_reference(worker_job, case):
         assert max(int(np.prod(rec.weights(0, 0)[n].shape)) for n in rec.params) >= 10 ** 6
 
 
-@pytest.mark.parametrize("algorithm,knobs", [
-    ("cpsgd", CPSGD_KNOBS),
-    ("localsgd", {"sync_period": 4}),
+@pytest.mark.parametrize("algorithm,knobs,device_ids", [
+    ("cpsgd", CPSGD_KNOBS, None),
+    ("localsgd", {"sync_period": 4}, None),
+    # the parameters' first device is not the default context (as with mx.gpu(1) first):
+    # the stores' buffers live there and the other device gets copies
+    ("cpsgd", CPSGD_KNOBS, [1, 0]),
 ])
-def test_two_devices_per_worker_match_reference(worker_job, algorithm, knobs):
+def test_two_devices_per_worker_match_reference(worker_job, algorithm, knobs, device_ids):
     """Each worker sums its 2 devices' gradients; every device gets the same weights
     (record_weights.py fails otherwise); the reference sees the whole batch."""
-    rec = jobutil.run_recording(worker_job, spec(algorithm, knobs, iterations=14, devices=2))
+    extra = {"device_ids": device_ids} if device_ids else {}
+    rec = jobutil.run_recording(worker_job, spec(algorithm, knobs, iterations=14, devices=2,
+                                                 **extra))
     check_against_reference(rec, algorithm, knobs)
 
 

@@ -15,6 +15,8 @@ argument: a JSON spec (see ``tests/workers/jobutil.py``)::
      "iterations": 20, "batch": 4, "seed": 7, "x_scale": 1.0,
      "record_grads": true, "final_sync": false,
      "devices": 1,                  # CPU contexts per worker; the batch is split evenly
+     "device_ids": [1, 0],          # optional: which mx.cpu(i), in order (first = the
+                                    # parameter's first device, where stores keep buffers)
      "lr_schedule": null | {"step": [update counts], "factor": f},  # MultiFactorScheduler
      "freeze": null | {"at": t, "params": [names]},  # grad_req='null' from iteration t
      "out": "/some/dir"}
@@ -106,7 +108,7 @@ def main():
     heads = spec["heads"]
     for i, head in enumerate(heads):
         head.setdefault("init_seed", spec["seed"])
-    ctx = [mx.cpu(d) for d in range(spec.get("devices", 1))]
+    ctx = [mx.cpu(d) for d in spec.get("device_ids") or range(spec.get("devices", 1))]
     nets = [make_head(i, h, ctx) for i, h in enumerate(heads)]
     params = gluon.ParameterDict()
     for net in nets:
