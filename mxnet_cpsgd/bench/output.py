@@ -6,6 +6,7 @@ from typing import Dict, List
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
+from .results import CPU_FLOOR_WARN, cpu_floor_warnings
 from .runs import fmt_value, rate_sort_key, rate_bps, reference_labels
 
 
@@ -30,7 +31,7 @@ RESOURCE_COLUMNS = [
     ("step_call_ms", "step() ms", "%.1f"),
     ("worker_cpu_ms_per_iter", "worker CPU ms/iter", "%.0f"),
     ("server_cpu_ms_per_iter", "server CPU ms/iter", "%.0f"),
-    ("cpu_floor_ms", "CPU floor ms", "%.0f"),
+    ("cpu_floor_ms", "CPU floor ms", "%.0f"), ("cpu_floor_pct", "CPU floor/iter", "%.0f%%"),
     ("cpu_busy_cores", "cores busy", "%.2f"), ("other_cpu_cores", "other load", "%.2f"),
     ("peak_rss_mb", "peak RSS MB", "%.0f"), ("rss_vs_ssgd", "RSS/ssgd", "%.2f"),
 ]
@@ -52,12 +53,25 @@ def markdown_table(rows: List[dict], columns=None) -> str:
             if key in ("tx_kb", "rx_kb"):
                 raw = row.get(key[:2] + "_bytes_per_iter")
                 value = raw / 1e3 if raw is not None else None
+            elif key == "cpu_floor_pct":
+                raw = row.get("cpu_floor_fraction")
+                value = 100 * raw if raw is not None else None
             elif key == "max_link_kb":
                 raw = row.get("max_link_bytes_per_iter")
                 value = raw / 1e3 if raw is not None else None
             cells.append(fmt_value(value, spec) if not isinstance(value, str) else value)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def dilation_note(cfg: dict) -> str:
+    """How a result's times relate to the clock ('' when not dilated)."""
+    scale = cfg.get("time_scale") or 1
+    if scale == 1:
+        return ""
+    return ("**Dilated x%g**: every job ran %g times slower (emulated compute x %g, link "
+            "rates / %g, delays x %g); every time below is the measured time divided by "
+            "%g." % ((scale,) * 6))
 
 
 def markdown_report(result: dict) -> str:
@@ -86,6 +100,8 @@ def markdown_report(result: dict) -> str:
                cfg["correction_period"], result["started"],
                "/".join("%.2f" % x for x in result["load_start"]),
                "/".join("%.2f" % x for x in result["load_end"])), ""]
+    if dilation_note(cfg):
+        out += [dilation_note(cfg), ""]
     variants = [v for v in cfg.get("variants") or [] if v["knobs"] or v["label"] != v["store"]]
     if variants:
         out += ["Algorithm variants (their knobs override the ones above): " + "; ".join(
@@ -108,14 +124,20 @@ def markdown_report(result: dict) -> str:
             "timed iteration, mean over workers; server CPU = all servers' CPU time per "
             "iteration; CPU floor = CPU time of workers, servers and scheduler per "
             "iteration divided by the machine's cores (the time per iteration this "
-            "machine cannot beat however the work overlaps); cores busy = CPU time of workers, servers and scheduler over the "
+            "machine cannot beat however the work overlaps); CPU floor/iter = CPU floor / "
+            "ms/iter (above %.0f %% the cores rather than the algorithm may set the time); "
+            "cores busy = CPU time of workers, servers and scheduler over the "
             "timed window divided by its length (this machine has %s cores); other load = "
             "the rest of the machine's busy CPU time (other processes, kernel work "
             "such as softirq networking) over the same window, in cores; "
             "drops/iter = packets the emulated links' queues dropped per timed iteration "
             "(all nodes, both directions; a dropped packet may be a 64 KB GSO segment); "
-            "peak RSS = largest worker VmHWM. `none` = %s." % (result["cpu_count"],
-                                                               cfg["none_mode"]), ""]
+            "peak RSS = largest worker VmHWM. `none` = %s." % (
+                100 * CPU_FLOOR_WARN, result["cpu_count"], cfg["none_mode"]), ""]
+    warnings = cpu_floor_warnings(result["rows"])
+    if warnings:
+        out += ["**Warning**: CPU floor above %.0f %% of the iteration:" % (
+            100 * CPU_FLOOR_WARN), ""] + ["- " + w for w in warnings] + [""]
     if result["checks"]:
         out += ["## Targets (cpsgd)", "",
                 "| rate | uncompressed bound / compute | target | value | limit | met |",
@@ -183,7 +205,9 @@ def plot(result: dict, out_path: str) -> None:
                      cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"],
                      cfg.get("placement", "separate"),
                      "emulated compute %g ms" % cfg["emulate_compute"]
-                     if cfg.get("emulate_compute") else "real compute"),
+                     if cfg.get("emulate_compute") else "real compute")
+                 + (" (times dilated x%g, divided back)" % cfg["time_scale"]
+                    if (cfg.get("time_scale") or 1) != 1 else ""),
                  fontsize=10)
     ymax = max([max(r.get("repeat_mean_ms") or [r["mean_ms"]]) for r in rows]
                + [r.get("transfer_bound_ms") or 0 for r in rows]
@@ -196,7 +220,9 @@ def plot(result: dict, out_path: str) -> None:
     plt.close(fig)
 
 
-def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
+def build_timelines(result: dict, runs: List[dict], out_dir: str,
+                    plots: bool = True) -> List[dict]:
+    """Merged traces per run and (``plots``: matplotlib installed) one PNG per rate."""
     from mxnet_cpsgd.bench import timeline
 
     made = []
@@ -219,7 +245,7 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
                      "path": os.path.relpath(path, out_dir), "overlap": overlap})
         by_rate.setdefault(run["rate"], {})[run["algorithm"]] = {"workers": workers}
     refs = reference_labels(result["config"].get("variants"))
-    for rate, algos in by_rate.items():
+    for rate, algos in (by_rate.items() if plots else ()):
         chosen = [refs.get(a, a) for a in ("bitsgd", "cpsgd", "horovod")
                   if refs.get(a, a) in algos]
         chosen += [a for a in algos if a not in chosen][:max(0, 3 - len(chosen))]

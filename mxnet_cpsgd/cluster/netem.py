@@ -154,6 +154,60 @@ def parse_spec(text: str) -> NetworkSpec:
     return spec
 
 
+def parse_time_scale(text) -> float:
+    """A time-dilation factor D (``--time-scale``): a finite number >= 1.
+
+    Args:
+        text: the factor as given (a string or a number).
+
+    Raises:
+        NetemError: not a number, not finite, or below 1.
+    """
+    try:
+        scale = float(text)
+    except (TypeError, ValueError):
+        raise NetemError("bad time scale %r: expected a number >= 1, e.g. 10" % (text,)) \
+            from None
+    if not math.isfinite(scale) or scale < 1:
+        raise NetemError("bad time scale %r: expected a number >= 1 (1 = real time; "
+                         "D > 1 slows links and compute down D times)" % (text,))
+    return scale
+
+
+def _format_number(value: float) -> str:
+    # plain decimals (the rate and delay syntax has no exponents)
+    return ("%.6f" % value).rstrip("0").rstrip(".")
+
+
+def dilate_spec(text: str, scale: float) -> str:
+    """The ``RATE[,DELAY][,QUEUE]`` value of a network ``scale`` times slower:
+    the rate divided by ``scale``, the delay multiplied by it (time-dilated
+    emulation: the ratio of transfer time to compute stays the same when the
+    compute is slowed down by the same factor).
+
+    Args:
+        text: a ``--emulate-network`` value, e.g. ``'100mbit,0.2ms'``.
+        scale: the dilation factor D >= 1 (:func:`parse_time_scale`).
+
+    Returns:
+        e.g. ``'10000000bit,2ms'`` for D = 10; ``text`` itself for D = 1.
+
+    Raises:
+        NetemError: a bad value or factor.
+    """
+    spec = parse_spec(text)
+    scale = parse_time_scale(scale)
+    if scale == 1:
+        return text
+    # whole bits per second: tc's own resolution
+    parts = ["%dbit" % max(1, round(spec.rate_bps / scale))]
+    if spec.delay:
+        parts.append("%sus" % _format_number(spec.delay_s * 1e6 * scale))
+    if spec.queue != "fifo":
+        parts.append(spec.queue)
+    return ",".join(parts)
+
+
 def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
     if queue not in QUEUES:
         raise NetemError("bad queue %r: expected one of %s" % (queue, ", ".join(QUEUES)))
