@@ -304,3 +304,34 @@ def test_bench_time_scale_smoke_without_matplotlib(tmp_path):
         assert row["mean_ms"] > 0 and 0 < row["cpu_floor_fraction"], row
     with open(os.path.join(out_dir, "results.md")) as f:
         assert "Dilated x3" in f.read()
+
+
+def test_plot_workers_scaling_table_and_throughput(tmp_path):
+    """--plot-workers: efficiency = compute-only / iteration time per worker
+    count, a throughput plot with the ideal line."""
+    from mxnet_cpsgd.bench.cli import main
+    from mxnet_cpsgd.bench.output import scaling_table
+    paths = []
+    for n, iteration_s in ((2, 0.125), (4, 0.2)):
+        run = {"rate": "100mbit", "algorithm": "cpsgd", "failure": None, "time_scale": 10,
+               "load_before": [0, 0, 0], "load_after": [0, 0, 0], "workers": [
+                   {"rank": r, "iter_times_s": [10 * iteration_s] * 3,
+                    "drained_s": 30 * iteration_s, "iters": 3, "batch_size": 32,
+                    "param_bytes": 1000, "num_params": 250, "vmhwm_kb": 1024}
+                   for r in range(n)]}
+        row = summarize(run, n)
+        result = {"config": {"num_workers": n, "batch_size": 32, "model": "lenet",
+                             "placement": "colocated", "emulate_compute": 10,
+                             "time_scale": 10},
+                  "compute_ms": 100.0, "rows": [row]}
+        path = str(tmp_path / ("n%d.json" % n))
+        with open(path, "w") as f:
+            json.dump(result, f)
+        paths.append(path)
+    results = [json.load(open(p)) for p in paths]
+    table = scaling_table(results)
+    assert "| cpsgd @ 100mbit | 2 | 125.0 |" in table and "| 0.80 |" in table
+    assert "| cpsgd @ 100mbit | 4 | 200.0 |" in table and "| 0.50 |" in table
+    assert main(["--plot-workers"] + paths + ["--out-dir", str(tmp_path / "plots")]) == 0
+    for name in ("time_vs_workers.png", "throughput_vs_workers.png", "scaling.md"):
+        assert os.path.getsize(str(tmp_path / "plots" / name)) > 0

@@ -221,9 +221,10 @@ def _parser():
                    help="do not run anything: recompute the tables, target checks and plot "
                         "of an earlier results.json (into --out-dir, default its directory)")
     p.add_argument("--plot-workers", nargs="+", metavar="RESULTS_JSON", default=None,
-                   help="do not run anything: plot time per iteration against workers from "
-                        "several results.json (e.g. -n 2 and -n 4) into --out-dir "
-                        "(time_vs_workers.png)")
+                   help="do not run anything: plot time per iteration and throughput "
+                        "against workers from several results.json (e.g. -n 2 and -n 4) "
+                        "into --out-dir (time_vs_workers.png, throughput_vs_workers.png "
+                        "with the ideal line, scaling.md: efficiency = compute / iteration)")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -393,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
     if args.plot_workers:
-        from .output import plot_vs_workers
+        from .output import plot_throughput_vs_workers, plot_vs_workers, scaling_table
         if not plotting_available():
             parser.error("--plot-workers needs matplotlib: pip install 'mxnet-cpsgd[examples]'")
         results = []
@@ -404,7 +405,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "time_vs_workers.png")
         plot_vs_workers(results, path)
+        throughput = os.path.join(out_dir, "throughput_vs_workers.png")
+        plot_throughput_vs_workers(results, throughput)
+        table = scaling_table(results)
+        with open(os.path.join(out_dir, "scaling.md"), "w") as f:
+            f.write(table + "\n")
+        print(table)
         print(path)
+        print(throughput)
         return 0
     try:
         _validate(args)

@@ -301,3 +301,74 @@ def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> Non
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
+
+
+def _scaling_points(results: List[dict]) -> Dict[str, List[tuple]]:
+    """label -> sorted [(workers, row, compute_ms)] over several results."""
+    points: Dict[str, List[tuple]] = {}
+    for result in results:
+        n = result["config"]["num_workers"]
+        for row in result["rows"]:
+            if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
+                continue
+            label = "%s @ %s" % (row["algorithm"], row["rate"])
+            points.setdefault(label, []).append((n, row, result.get("compute_ms")))
+    for pts in points.values():
+        pts.sort(key=lambda p: p[0])
+    return points
+
+
+def scaling_table(results: List[dict]) -> str:
+    """Markdown: per algorithm and worker count, ms/iteration, scaling efficiency
+    (compute-only time / iteration time), the transfer bound and the CPU floor's
+    share of the iteration, from several results.json (one per worker count)."""
+    lines = ["| algorithm | workers | ms/iter | median | max | efficiency | bound ms | "
+             "/max(compute,bound) | CPU floor/iter | dilated |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, pts in _scaling_points(results).items():
+        for n, row, compute in pts:
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | x%g |" % (
+                label, n, fmt_value(row["mean_ms"]), fmt_value(row.get("median_ms")),
+                fmt_value(row.get("max_ms")),
+                fmt_value(compute / row["mean_ms"] if compute else None, "%.2f"),
+                fmt_value(row.get("transfer_bound_ms")), fmt_value(row.get("vs_floor"), "%.2f"),
+                fmt_value(100 * row["cpu_floor_fraction"]
+                          if row.get("cpu_floor_fraction") is not None else None, "%.0f%%"),
+                row.get("time_scale") or 1))
+    return "\n".join(lines)
+
+
+def plot_throughput_vs_workers(results: List[dict], out_path: str) -> None:
+    """Samples per second of the whole job against workers, one line per
+    algorithm, with the ideal line (workers x batch / compute-only time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ideal = sorted({(r["config"]["num_workers"],
+                     r["config"]["num_workers"] * r["config"]["batch_size"]
+                     / (r["compute_ms"] / 1e3))
+                    for r in results if r.get("compute_ms")})
+    if ideal:
+        ax.plot([p[0] for p in ideal], [p[1] for p in ideal], "k--", marker="x",
+                label="ideal (compute only)")
+    batch = {r["config"]["num_workers"]: r["config"]["batch_size"] for r in results}
+    for label, pts in _scaling_points(results).items():
+        ax.plot([p[0] for p in pts], [p[0] * batch[p[0]] / (p[1]["mean_ms"] / 1e3)
+                                      for p in pts], marker="o", label=label)
+    cfg = results[0]["config"]
+    ax.set_xlabel("workers")
+    ax.set_ylabel("samples/s, all workers")
+    ax.set_xticks(sorted(batch))
+    scale = cfg.get("time_scale") or 1
+    ax.set_title("%s, %s placement, %s%s" % (
+        cfg["model"], cfg.get("placement", "separate"),
+        "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
+        else "real compute", ", dilated x%g" % scale if scale != 1 else ""), fontsize=10)
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
