@@ -14,7 +14,7 @@ that split the link by deficit round robin, each TCP packet hashed to a leaf by
 its destination port.  With one FIFO the flows of one link take turns (a burst
 of one flow holds back the others behind it); a parameter server's pushes and
 pulls share every host's link, so the queue changes what the stores measure
-(docs/performance.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
+(docs/perf/colocated-2-4-workers.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
 
 Nodes get addresses 198.18.0.10, 198.18.0.11, ... from 198.18.0.0/15 (the
 range reserved for benchmarks).  The bridge gets no address: nodes talk to
@@ -288,7 +288,7 @@ def _tbf_args(rate_bps: float, rate: str) -> List[str]:
     The queue is deep on purpose: with 50 ms, the parameter server's fan-out
     (one sender, several TCP streams) overflowed it and lost 30-150 packets per
     iteration at 50mbit; the retransmissions then showed up in the byte counts.
-    400 ms removed every drop in that measurement (docs/performance.md)."""
+    400 ms removed every drop in that measurement (docs/perf/colocated-2-4-workers.md)."""
     burst, limit = _queue_sizes(rate_bps)
     return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
 
