@@ -330,8 +330,8 @@ def test_plot_workers_scaling_table_and_throughput(tmp_path):
         paths.append(path)
     results = [json.load(open(p)) for p in paths]
     table = scaling_table(results)
-    assert "| cpsgd @ 100mbit | 2 | 125.0 |" in table and "| 0.80 |" in table
-    assert "| cpsgd @ 100mbit | 4 | 200.0 |" in table and "| 0.50 |" in table
+    assert "| cpsgd | 2 | 100mbit | 125.0 |" in table and "| 0.80 |" in table
+    assert "| cpsgd | 4 | 100mbit | 200.0 |" in table and "| 0.50 |" in table
     assert main(["--plot-workers"] + paths + ["--out-dir", str(tmp_path / "plots")]) == 0
     for name in ("time_vs_workers.png", "throughput_vs_workers.png", "scaling.md"):
         assert os.path.getsize(str(tmp_path / "plots" / name)) > 0

@@ -304,14 +304,17 @@ def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> Non
 
 
 def _scaling_points(results: List[dict]) -> Dict[str, List[tuple]]:
-    """label -> sorted [(workers, row, compute_ms)] over several results."""
+    """label -> sorted [(workers, row, compute_ms)] over several results; the
+    label is the algorithm alone when every result ran one rate (e.g. a rate
+    per worker count chosen so that the exchange matches the compute)."""
     points: Dict[str, List[tuple]] = {}
+    one_rate = all(len(r["config"].get("rates") or [None]) == 1 for r in results)
     for result in results:
         n = result["config"]["num_workers"]
         for row in result["rows"]:
             if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
                 continue
-            label = "%s @ %s" % (row["algorithm"], row["rate"])
+            label = row["algorithm"] if one_rate else "%s @ %s" % (row["algorithm"], row["rate"])
             points.setdefault(label, []).append((n, row, result.get("compute_ms")))
     for pts in points.values():
         pts.sort(key=lambda p: p[0])
@@ -322,13 +325,13 @@ def scaling_table(results: List[dict]) -> str:
     """Markdown: per algorithm and worker count, ms/iteration, scaling efficiency
     (compute-only time / iteration time), the transfer bound and the CPU floor's
     share of the iteration, from several results.json (one per worker count)."""
-    lines = ["| algorithm | workers | ms/iter | median | max | efficiency | bound ms | "
+    lines = ["| algorithm | workers | rate | ms/iter | median | max | efficiency | bound ms | "
              "/max(compute,bound) | CPU floor/iter | dilated |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, pts in _scaling_points(results).items():
         for n, row, compute in pts:
-            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | x%g |" % (
-                label, n, fmt_value(row["mean_ms"]), fmt_value(row.get("median_ms")),
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | x%g |" % (
+                label, n, row["rate"], fmt_value(row["mean_ms"]), fmt_value(row.get("median_ms")),
                 fmt_value(row.get("max_ms")),
                 fmt_value(compute / row["mean_ms"] if compute else None, "%.2f"),
                 fmt_value(row.get("transfer_bound_ms")), fmt_value(row.get("vs_floor"), "%.2f"),
@@ -361,11 +364,15 @@ def plot_throughput_vs_workers(results: List[dict], out_path: str) -> None:
     ax.set_xlabel("workers")
     ax.set_ylabel("samples/s, all workers")
     ax.set_xticks(sorted(batch))
-    scale = cfg.get("time_scale") or 1
-    ax.set_title("%s, %s placement, %s%s" % (
+    scales = sorted({r["config"].get("time_scale") or 1 for r in results})
+    rates = {n: "/".join(r["config"].get("rates") or []) for n, r in
+             ((r["config"]["num_workers"], r) for r in results)}
+    ax.set_title("%s, %s placement, %s%s\nrates: %s" % (
         cfg["model"], cfg.get("placement", "separate"),
         "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
-        else "real compute", ", dilated x%g" % scale if scale != 1 else ""), fontsize=10)
+        else "real compute",
+        ", dilated x%s" % "/x".join("%g" % d for d in scales) if scales != [1] else "",
+        ", ".join("%d workers %s" % (n, rates[n]) for n in sorted(rates))), fontsize=9)
     ax.set_ylim(0, None)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
