@@ -38,6 +38,9 @@ Algorithms (what ``simulate`` does per iteration t):
   cpsgd:    as odsgd, but after warm-up the push is Q(g) unless
             (t + 1) % correction_period == 0 (then dense g, residual untouched);
             warm-up pushes are dense and do not touch the residual.
+            correction_schedule 'staggered': parameter n is dense when
+            (t + 1 - phase_n) % correction_period == 0 instead, phases from
+            ``staggered_phases`` (w0's order is the Trainer's).
   ssdsgd:   warm-up as ssgd.  After: push g dense every round; with n = t - warmup
             and k = sync_period, the base is W_t (the newest pulled global weights)
             if n % k == 0, else L_t; L_{t+1} = GLU(base, g) with
@@ -64,7 +67,7 @@ DEFAULTS = {
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
-              "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
+              "correction_schedule": "aligned", "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
               "local_wd": 0.0},
     "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,
                "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
@@ -206,15 +209,18 @@ class Trajectory:
     local[t][i]: worker i's weights before iteration t (t = 0..iterations), i.e.
         local[t+1][i] is L_{t+1}^i, what the worker holds after step t.
     server[t]: the servers' weights W_t before round t (t = 0..iterations).
-    push_kind[t]: 'dense', 'compressed', 'delta' or None (nothing pushed).
+    push_kind[t]: 'dense', 'compressed', 'mixed', 'delta' or None (nothing pushed).
     quantizers[i]: worker i's TwoBitQuantizer (compressing algorithms).
     residual_abs[t]: sum over workers and elements of |residual| after iteration t.
+    dense_params[t]: cpsgd after warm-up: the parameters pushed dense at t
+        (push_kind 'mixed' when some are and some are not).
     """
     local: List[List[Weights]] = field(default_factory=list)
     server: List[Weights] = field(default_factory=list)
     push_kind: List[Optional[str]] = field(default_factory=list)
     quantizers: List[TwoBitQuantizer] = field(default_factory=list)
     residual_abs: List[float] = field(default_factory=list)
+    dense_params: Dict[int, List[str]] = field(default_factory=dict)
 
     def quant_counts(self):
         total = {"zero": 0, "pos": 0, "neg": 0}
@@ -225,6 +231,23 @@ class Trajectory:
 
     def min_margin(self):
         return min([q.min_margin for q in self.quantizers] or [np.inf])
+
+
+def staggered_phases(w0: Weights, period: int) -> Dict[str, int]:
+    """The staggered correction phases, stated independently of the store:
+    parameters by element count, largest first (equal sizes in the Trainer's
+    order, which is ``w0``'s), each put on the phase in 0..period-1 that holds
+    the fewest elements so far (the lowest such phase)."""
+    names = list(w0)
+    sizes = np.array([np.asarray(w0[n]).size for n in names], dtype=np.int64)
+    order = np.lexsort((np.arange(len(names)), -sizes))
+    load = np.zeros(period, dtype=np.int64)
+    phases = {}
+    for j in order:
+        phase = int(np.argmin(load))  # the first of equal minima: the lowest phase
+        phases[names[j]] = phase
+        load[phase] += sizes[j]
+    return phases
 
 
 def _copy(weights):
@@ -300,6 +323,9 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
     quantizers = [TwoBitQuantizer(cfg["threshold"]) for _ in range(M)] \
         if "threshold" in cfg else []
     warmup = cfg.get("warmup_steps") or 0
+    phases = {n: 0 for n in w0}
+    if cfg.get("correction_schedule") == "staggered":
+        phases = staggered_phases(w0, cfg["correction_period"])
 
     W = _copy(w0)
     L = [_copy(w0) for _ in range(M)]
@@ -330,9 +356,14 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             W = server_round(pushes)
             L = [_copy(W) for _ in range(M)]
         elif algorithm in ("odsgd", "cpsgd"):
-            if algorithm == "cpsgd" and (t + 1) % cfg["correction_period"] != 0:
-                pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
-                kind = "compressed"
+            if algorithm == "cpsgd":
+                dense = {n for n in W
+                         if (t + 1 - phases[n]) % cfg["correction_period"] == 0}
+                pushes = [{n: g[i][n] if n in dense else quantizers[i](n, g[i][n])
+                           for n in W} for i in range(M)]
+                kind = ("dense" if len(dense) == len(W) else
+                        "compressed" if not dense else "mixed")
+                traj.dense_params[t] = sorted(dense)
             else:
                 pushes = g
             # local step from the newest global weights the worker holds: W_t

@@ -21,6 +21,7 @@ from procs import remove_networks_of, stop_group
 from mxnet_cpsgd.bench.output import markdown_table
 from mxnet_cpsgd.bench.results import summarize
 from mxnet_cpsgd.bench.runs import netns_available, parse_list, rate_bps
+from mxnet_cpsgd.cluster import netem
 
 #: a hang guard, not a timing check: the run takes about 40 s on an idle 2-core machine
 BUDGET_S = 300
@@ -212,3 +213,125 @@ def test_summarize_transfer_bound():
     assert row["busiest_link"] == "server 0 up"
     assert row["transfer_bound_ms"] == pytest.approx(1e3 * 4000 * 8 / 100e6)
     assert row["peak_rss_mb"] == pytest.approx(101.0)
+
+
+def test_summarize_divides_dilated_times():
+    """A run dilated D times: times / D, bytes as measured, the bound at the
+    undilated rate, the CPU floor as a fraction of the iteration."""
+    def run(scale):
+        return {"rate": "100mbit", "algorithm": "ssgd", "failure": None,
+                "load_before": [0, 0, 0], "load_after": [0, 0, 0], "time_scale": scale,
+                "placement": "colocated", "workers": [
+                    {"rank": r, "iter_times_s": [scale * t for t in (0.1, 0.2, 0.3)],
+                     "drained_s": scale * 0.6, "iters": 3, "step_call_s": [0.01 * scale],
+                     "batch_size": 32, "param_bytes": 1000, "num_params": 250,
+                     "vmhwm_kb": 1024, "tx_bytes": 3000, "rx_bytes": 6000,
+                     "cpu_s": 0.03, "peer_cpu_s": {"server": 0.03} if r == 0 else None}
+                    for r in range(2)]}
+    plain, dilated = summarize(run(1), 2), summarize(run(10), 2)
+    assert dilated["time_scale"] == 10
+    for key in ("median_ms", "mean_ms", "min_ms", "max_ms", "step_call_ms"):
+        assert dilated[key] == pytest.approx(plain[key]), key
+    assert dilated["transfer_bound_ms"] == pytest.approx(plain["transfer_bound_ms"])
+    assert dilated["bytes_per_iter"] == plain["bytes_per_iter"]
+    # the same CPU seconds spread over a 10 x longer iteration
+    assert dilated["cpu_floor_ms"] == pytest.approx(plain["cpu_floor_ms"] / 10)
+    assert dilated["cpu_floor_fraction"] == pytest.approx(plain["cpu_floor_fraction"] / 10)
+    assert plain["cpu_floor_fraction"] == pytest.approx(
+        plain["cpu_floor_ms"] / plain["mean_ms"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--time-scale", "0.5", "--emulate-compute", "10"], "bad time scale '0.5'"),
+    (["--time-scale", "fast", "--emulate-compute", "10"], "bad time scale 'fast'"),
+    (["--time-scale", "10"], "needs --emulate-compute"),
+    (["--time-scale", "10", "--emulate-compute", "10", "--rates", "loopback"],
+     "'loopback' has no emulated link"),
+])
+def test_bench_rejects_bad_time_scale(tmp_path, capsys, argv, message):
+    from mxnet_cpsgd.bench.cli import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out-dir", str(tmp_path / "never"), "--no-progress"] + argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not os.path.exists(str(tmp_path / "never"))  # nothing started
+
+
+#: runs cpsgd-bench with matplotlib unimportable, as without the examples extra
+_NO_MATPLOTLIB = ("import sys; sys.modules['matplotlib'] = None; "
+                  "from mxnet_cpsgd.bench.cli import main; sys.exit(main())")
+
+
+def test_bench_time_scale_smoke_without_matplotlib(tmp_path):
+    """--time-scale 3 runs the job 3 x slower (compute and links) and says so;
+    without matplotlib the results are written and the plots skipped with a
+    warning given before the jobs.  No timing is asserted."""
+    shaped = netns_available()
+    rate = "100mbit" if shaped else "none"
+    out_dir = str(tmp_path / "bench")
+    cmd = [sys.executable, "-c", _NO_MATPLOTLIB, "--no-progress", "--out-dir", out_dir,
+           "--model", "lenet", "-n", "2", "-s", "1", "--batch-size", "16", "--rates", rate,
+           "--algorithms", "ssgd", "--iters", "3", "--warmup-iters", "2",
+           "--emulate-compute", "10", "--time-scale", "3", "--job-timeout", "90"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    left = []
+    try:
+        out, err = proc.communicate(timeout=BUDGET_S)
+    except subprocess.TimeoutExpired:
+        left = _teardown(proc, out_dir)
+        pytest.fail("cpsgd-bench took more than %d s" % BUDGET_S)
+    finally:
+        left = left or _teardown(proc, out_dir)
+    print(out, err)
+    assert not left, "namespaces/links left behind: %s" % left
+    assert proc.returncode == 0, err[-3000:]
+    assert "matplotlib is not installed" in err
+    assert "Dilated x3" in out
+    with open(os.path.join(out_dir, "results.json")) as f:
+        result = json.load(f)
+    assert not os.path.exists(os.path.join(out_dir, "time_vs_rate.png"))
+    assert result["config"]["time_scale"] == 3
+    for run in result["runs"]:
+        assert run["time_scale"] == 3 and run["failure"] is None
+        for worker in run["workers"]:
+            assert worker["emulate_compute_ms"] == pytest.approx(30.0)
+    if shaped:
+        ssgd = next(r for r in result["runs"] if r["algorithm"] == "ssgd")
+        assert netem.parse_spec(ssgd["emulate_network"]).rate_bps == pytest.approx(100e6 / 3,
+                                                                                   rel=1e-6)
+    for row in result["rows"]:
+        assert row["mean_ms"] > 0 and 0 < row["cpu_floor_fraction"], row
+    with open(os.path.join(out_dir, "results.md")) as f:
+        assert "Dilated x3" in f.read()
+
+
+def test_plot_workers_scaling_table_and_throughput(tmp_path):
+    """--plot-workers: efficiency = compute-only / iteration time per worker
+    count, a throughput plot with the ideal line."""
+    from mxnet_cpsgd.bench.cli import main
+    from mxnet_cpsgd.bench.output import scaling_table
+    paths = []
+    for n, iteration_s in ((2, 0.125), (4, 0.2)):
+        run = {"rate": "100mbit", "algorithm": "cpsgd", "failure": None, "time_scale": 10,
+               "load_before": [0, 0, 0], "load_after": [0, 0, 0], "workers": [
+                   {"rank": r, "iter_times_s": [10 * iteration_s] * 3,
+                    "drained_s": 30 * iteration_s, "iters": 3, "batch_size": 32,
+                    "param_bytes": 1000, "num_params": 250, "vmhwm_kb": 1024}
+                   for r in range(n)]}
+        row = summarize(run, n)
+        result = {"config": {"num_workers": n, "batch_size": 32, "model": "lenet",
+                             "placement": "colocated", "emulate_compute": 10,
+                             "time_scale": 10},
+                  "compute_ms": 100.0, "rows": [row]}
+        path = str(tmp_path / ("n%d.json" % n))
+        with open(path, "w") as f:
+            json.dump(result, f)
+        paths.append(path)
+    results = [json.load(open(p)) for p in paths]
+    table = scaling_table(results)
+    assert "| cpsgd | 2 | 100mbit | 125.0 |" in table and "| 0.80 |" in table
+    assert "| cpsgd | 4 | 100mbit | 200.0 |" in table and "| 0.50 |" in table
+    assert main(["--plot-workers"] + paths + ["--out-dir", str(tmp_path / "plots")]) == 0
+    for name in ("time_vs_workers.png", "throughput_vs_workers.png", "scaling.md"):
+        assert os.path.getsize(str(tmp_path / "plots" / name)) > 0

@@ -260,6 +260,11 @@ def test_parse_env_accepts():
     (["-n", "1", "-s", "1", "--env", "FOO", "--", "true"], "malformed --env 'FOO'"),
     (["-n", "1", "-s", "1", "--emulate-network", "100mb", "--", "true"], "bad rate '100mb'"),
     (["-n", "1", "-s", "1", "--emulate-network", "1gbit,2", "--", "true"], "bad delay '2'"),
+    (["-n", "1", "-s", "1", "--time-scale", "10", "--", "true"], "give --emulate-network"),
+    (["-n", "1", "-s", "1", "--emulate-network", "100mbit", "--time-scale", "0.5", "--",
+      "true"], "bad time scale '0.5'"),
+    (["-n", "1", "-s", "1", "--emulate-network", "100mbit", "--time-scale", "x", "--",
+      "true"], "bad time scale 'x'"),
 ])
 def test_cli_rejects_bad_input(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:

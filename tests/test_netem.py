@@ -182,6 +182,28 @@ def test_parse_spec_rejects(text, message):
         netem.parse_spec(text)
 
 
+@pytest.mark.parametrize("text,scale,expected", [
+    ("100mbit", 10, "10000000bit"),
+    ("1gbit,0.2ms", 10, "100000000bit,2000us"),
+    ("50mbit,fair", 4, "12500000bit,fair"),
+    ("100mbit,fair", 1, "100mbit,fair"),
+])
+def test_dilate_spec(text, scale, expected):
+    """Time dilation: rate / D, delay x D, the queue kept."""
+    dilated = netem.dilate_spec(text, scale)
+    assert dilated == expected
+    original, slow = netem.parse_spec(text), netem.parse_spec(dilated)
+    assert slow.rate_bps == pytest.approx(original.rate_bps / scale)
+    assert slow.delay_s == pytest.approx(original.delay_s * scale)
+    assert slow.queue == original.queue
+
+
+@pytest.mark.parametrize("value", ["0.5", "0", "-3", "ten", "", "nan", "inf", None])
+def test_time_scale_rejects(value):
+    with pytest.raises(netem.NetemError, match="bad time scale"):
+        netem.parse_time_scale(value)
+
+
 @needs_netns
 def test_network_layout_and_cleanup(network):
     net = network(3, "100mbit")

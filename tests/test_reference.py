@@ -354,6 +354,66 @@ def test_cpsgd_matches_reference(worker_job, case):
         assert max(int(np.prod(rec.weights(0, 0)[n].shape)) for n in rec.params) >= 10 ** 6
 
 
+#: two heads (an MLP and a linear one): 6 parameters of 4 sizes over 3 phases
+STAGGER_HEADS = [{"kind": "mlp", "in": 6, "hidden": 5, "out": 3},
+                 {"kind": "linear", "in": 4, "out": 2, "loss": "linear"}]
+STAGGERED_KNOBS = dict(CPSGD_KNOBS, correction_schedule="staggered")
+
+
+def test_staggered_phases_match_reference_and_spread_the_bytes():
+    """The store's phases equal the reference's independent statement of the
+    rule, and each phase holds about 1/k of the elements."""
+    from mxnet_cpsgd.stores.policies.cpsgd import staggered_phases
+    rng = np.random.RandomState(3)
+    for k in (1, 2, 3, 5):
+        sizes = [int(s) for s in rng.choice([1, 3, 30, 64, 64, 500, 2304], size=20)]
+        w0 = {"p%02d" % i: np.zeros(s) for i, s in enumerate(sizes)}
+        expected = ref.staggered_phases(w0, k)
+        got = staggered_phases({i: s for i, s in enumerate(sizes)}, k)
+        assert [got[i] for i in range(len(sizes))] == [expected["p%02d" % i]
+                                                       for i in range(len(sizes))]
+        load = np.bincount([got[i] for i in range(len(sizes))], weights=sizes, minlength=k)
+        # greedy by size: no phase exceeds the mean by more than the largest parameter
+        assert load.max() <= sum(sizes) / k + max(sizes)
+
+
+def test_staggered_schedule_rejects_bad_values():
+    from mxnet_cpsgd.stores import config
+    from mxnet_cpsgd.stores.policies import BITSGD, CPSGD
+    for bad in ("random", "", 3, "stagger"):
+        with pytest.raises(config.ConfigError, match="correction_schedule.*one of 'aligned', "
+                                                    "'staggered'"):
+            config.resolve("cpsgd", CPSGD.defaults, {"correction_schedule": bad})
+    assert config.resolve("cpsgd", CPSGD.defaults, {"correction_schedule": "Staggered"}
+                          ).correction_schedule == "staggered"
+    assert config.resolve("cpsgd", CPSGD.defaults, {}).correction_schedule == "aligned"
+    with pytest.raises(config.ConfigError, match="not used by kvstore 'bitsgd'"):
+        config.resolve("bitsgd", BITSGD.defaults, {"correction_schedule": "staggered"})
+
+
+def test_cpsgd_staggered_matches_reference(worker_job):
+    """correction_schedule='staggered' in a real 2-worker job: every parameter is
+    dense every k-th iteration at its own phase, the others compressed."""
+    knobs = STAGGERED_KNOBS
+    rec = jobutil.run_recording(worker_job, spec("cpsgd", knobs, optimizer=MOMENTUM,
+                                                 heads=STAGGER_HEADS, iterations=16))
+    traj = check_against_reference(rec, "cpsgd", knobs)
+    warmup, k = knobs["warmup_steps"], knobs["correction_period"]
+    phases = ref.staggered_phases(rec.weights(0, 0), k)
+    assert len(set(phases.values())) == k  # every phase is used
+    # after warm-up every iteration corrects some parameters and compresses others
+    assert all(traj.push_kind[t] == "mixed" for t in range(warmup, 16))
+    for n in rec.params:
+        dense_at = [t for t in range(warmup, 16) if n in traj.dense_params[t]]
+        assert dense_at and all(b - a == k for a, b in zip(dense_at, dense_at[1:])), (n, dense_at)
+    assert_nontrivial_quantization(traj)
+    # the aligned reference differs: the test can tell the schedules apart
+    aligned, _ = reference_for(rec, "cpsgd", CPSGD_KNOBS)
+    ok, _ = ref.compare_trajectories(rec.weights, lambda i, t: aligned.local[t][i],
+                                     rec.num_workers, 16, rec.params, rtol=RTOL, atol=ATOL)
+    assert not ok
+
+
 @pytest.mark.parametrize("algorithm,knobs,device_ids", [
     ("cpsgd", CPSGD_KNOBS, None),
     ("localsgd", {"sync_period": 4}, None),

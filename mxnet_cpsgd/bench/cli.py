@@ -6,7 +6,7 @@ Usage::
         [--placement colocated|separate] [--emulate-compute MS]
         [--rates none,1gbit,100mbit] [--queue fifo|fair]
         [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
-        [--iters 30] [--warmup-iters 10] [--timeline] [--out-dir DIR]
+        [--iters 30] [--warmup-iters 10] [--time-scale D] [--timeline] [--out-dir DIR]
 
 ``--algorithms`` also takes variants ``LABEL=STORE[:KNOB=VALUE...]`` (e.g.
 ``k2=cpsgd:correction_period=2``): the store with its own knobs, named LABEL in
@@ -49,6 +49,16 @@ picks the shaped links' queue discipline: ``fifo`` (default; one tbf FIFO per
 link direction, the flows of a link take turns) or ``fair`` (the flows share
 the rate, as with a Linux host's default fq_codel; mxnet_cpsgd.cluster.netem).
 
+Time dilation (``--time-scale D``, D >= 1, default 1): every job runs D times
+slower, emulated compute x D and link rates / D (and delays x D), and every
+time reported is the measured time divided by D, labelled as dilated.  The
+ratio of transfer time to compute is kept while the machine's own CPU work
+(stores, servers, the network stack: the *CPU floor*) shrinks to 1/D of an
+iteration, so more workers than cores can be emulated faithfully.  Needs
+``--emulate-compute`` (real compute cannot be slowed down).  Every run reports
+its CPU floor as a fraction of its iteration; above 10 % the bench warns (the
+time then says more about this machine's cores than about the algorithm).
+
 How the numbers are made (docs/performance.md has the details):
 
 * time per iteration: each worker times the gaps between the moments its
@@ -81,7 +91,7 @@ from mxnet_cpsgd.bench.worker import COMPUTE_ONLY, STOCK_SYNC, WORKLOADS
 
 from .runs import (BenchError, DEFAULT_ALGORITHMS, MODEL_ALIASES, THREAD_ENV, UNSHAPED,
                    code_fingerprint, netns_available, parse_list, parse_variants, run_one)
-from .results import analyse, check_targets
+from .results import analyse, check_targets, cpu_floor_warnings
 from .output import build_timelines, markdown_report, plot
 
 
@@ -154,6 +164,10 @@ def _parser():
                         "waits totalling MS ms per iteration that release each layer's "
                         "gradients in reverse order (time per layer in proportion to its "
                         "forward FLOPs); stores, servers, network are real")
+    p.add_argument("--time-scale", default="1", metavar="D",
+                   help="time dilation: run D times slower (emulated compute x D, link "
+                        "rates / D, delays x D) and report every time divided by D "
+                        "(labelled dilated); D >= 1, default 1; needs --emulate-compute")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--rates", default="none,1gbit,100mbit",
                    help="comma-separated: none (namespaces, unshaped), loopback, or tc "
@@ -207,9 +221,10 @@ def _parser():
                    help="do not run anything: recompute the tables, target checks and plot "
                         "of an earlier results.json (into --out-dir, default its directory)")
     p.add_argument("--plot-workers", nargs="+", metavar="RESULTS_JSON", default=None,
-                   help="do not run anything: plot time per iteration against workers from "
-                        "several results.json (e.g. -n 2 and -n 4) into --out-dir "
-                        "(time_vs_workers.png)")
+                   help="do not run anything: plot time per iteration and throughput "
+                        "against workers from several results.json (e.g. -n 2 and -n 4) "
+                        "into --out-dir (time_vs_workers.png, throughput_vs_workers.png "
+                        "with the ideal line, scaling.md: efficiency = compute / iteration)")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -224,6 +239,14 @@ def _validate(args):
         args.num_servers = args.num_workers if args.placement == "colocated" else 1
     if args.emulate_compute < 0:
         raise BenchError("--emulate-compute must be >= 0")
+    try:
+        args.time_scale = netem.parse_time_scale(args.time_scale)
+    except netem.NetemError as err:
+        raise BenchError("--time-scale: %s" % err) from None
+    if args.time_scale != 1 and not args.emulate_compute:
+        raise BenchError("--time-scale %g needs --emulate-compute MS: real compute cannot "
+                         "be slowed down, so dilating only the links would change the "
+                         "ratio of transfer to compute" % args.time_scale)
     if args.num_workers < 1 or args.num_servers < 1 or args.batch_size < 1:
         raise BenchError("workers, servers and batch size must be >= 1")
     if args.engine_threads < 1:
@@ -274,6 +297,9 @@ def _validate(args):
     args.rate_list = parse_list(args.rates)
     if not args.rate_list:
         raise BenchError("--rates is empty")
+    if args.time_scale != 1 and "loopback" in args.rate_list:
+        raise BenchError("--time-scale: rate 'loopback' has no emulated link to dilate; "
+                         "use 'none' or shaped rates")
     for rate in args.rate_list:
         if rate not in UNSHAPED:
             netem.parse_rate(rate)
@@ -318,15 +344,27 @@ def _checked_variant(variant, known, args):
     return type(variant)(variant.label, variant.store, typed)
 
 
+def plotting_available() -> bool:
+    """Whether matplotlib (the ``examples`` extra) is installed for the plots."""
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+NO_PLOTS = ("cpsgd-bench: warning: matplotlib is not installed (pip install "
+            "'mxnet-cpsgd[examples]'): writing results.json and results.md without plots")
+
+
 def write_outputs(result: dict, out_dir: str) -> str:
-    """results.json, results.md and time_vs_rate.png; returns the Markdown."""
+    """results.json, results.md and time_vs_rate.png (without matplotlib: no
+    plot, the tables only); returns the Markdown."""
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     report = markdown_report(result)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(report + "\n")
-    if any(r.get("mean_ms") is not None and r["algorithm"] != COMPUTE_ONLY
-           for r in result["rows"]):
+    if plotting_available() and any(r.get("mean_ms") is not None
+                                    and r["algorithm"] != COMPUTE_ONLY
+                                    for r in result["rows"]):
         plot(result, os.path.join(out_dir, "time_vs_rate.png"))
     return report
 
@@ -341,6 +379,8 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
                                                    result["config"].get("variants"))
     result["checks"] = check_targets(result["rows"], result["compute_ms"], result["config"])
     result["rerendered"] = datetime.datetime.now().isoformat(timespec="seconds")
+    if not plotting_available():
+        print(NO_PLOTS, file=sys.stderr)
     out_dir = out_dir or os.path.dirname(os.path.abspath(path))
     os.makedirs(out_dir, exist_ok=True)
     print(write_outputs(result, out_dir))
@@ -354,7 +394,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
     if args.plot_workers:
-        from .output import plot_vs_workers
+        from .output import plot_throughput_vs_workers, plot_vs_workers, scaling_table
+        if not plotting_available():
+            parser.error("--plot-workers needs matplotlib: pip install 'mxnet-cpsgd[examples]'")
         results = []
         for path in args.plot_workers:
             with open(path) as f:
@@ -363,12 +405,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "time_vs_workers.png")
         plot_vs_workers(results, path)
+        throughput = os.path.join(out_dir, "throughput_vs_workers.png")
+        plot_throughput_vs_workers(results, throughput)
+        table = scaling_table(results)
+        with open(os.path.join(out_dir, "scaling.md"), "w") as f:
+            f.write(table + "\n")
+        print(table)
         print(path)
+        print(throughput)
         return 0
     try:
         _validate(args)
     except (BenchError, netem.NetemError) as err:
         parser.error(str(err))
+    if not plotting_available():
+        # said before the jobs run, not discovered after them
+        print(NO_PLOTS, file=sys.stderr)
     have_netns = netns_available()
     rates = []
     for rate in args.rate_list:
@@ -438,7 +490,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = {k: getattr(args, k) for k in (
         "placement", "emulate_compute", "model", "num_workers", "num_servers", "batch_size", "iters", "warmup_iters",
         "algo_warmup_steps", "threshold", "correction_period", "timeline", "repeats",
-        "timeline_iters", "unshaped_rate", "engine_threads", "queue")}
+        "timeline_iters", "unshaped_rate", "engine_threads", "queue", "time_scale")}
     config.update({"rates": rates, "algorithms": args.algorithm_list,
                    "variants": [v.as_dict() for v in args.variants.values()],
                    "none_mode": none_mode,
@@ -456,7 +508,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "runs": runs,
     }
     if args.timeline:
-        result["timelines"] = build_timelines(result, runs, out_dir)
+        result["timelines"] = build_timelines(result, runs, out_dir,
+                                              plots=plotting_available())
     report = write_outputs(result, out_dir)
     if not args.keep_raw:
         # the raw profiler traces are large and merged under timeline/ already
@@ -465,6 +518,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if name.startswith("profile-") and name.endswith(".json"):
                     os.remove(os.path.join(run["run_dir"], name))
     print(report)
+    for warning in cpu_floor_warnings(rows):
+        print("cpsgd-bench: warning: " + warning, file=sys.stderr)
     print("results in %s" % os.path.abspath(out_dir))
     if interrupted:
         return interrupted

@@ -6,6 +6,7 @@ from typing import Dict, List
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
+from .results import CPU_FLOOR_WARN, cpu_floor_warnings
 from .runs import fmt_value, rate_sort_key, rate_bps, reference_labels
 
 
@@ -30,7 +31,7 @@ RESOURCE_COLUMNS = [
     ("step_call_ms", "step() ms", "%.1f"),
     ("worker_cpu_ms_per_iter", "worker CPU ms/iter", "%.0f"),
     ("server_cpu_ms_per_iter", "server CPU ms/iter", "%.0f"),
-    ("cpu_floor_ms", "CPU floor ms", "%.0f"),
+    ("cpu_floor_ms", "CPU floor ms", "%.0f"), ("cpu_floor_pct", "CPU floor/iter", "%.0f%%"),
     ("cpu_busy_cores", "cores busy", "%.2f"), ("other_cpu_cores", "other load", "%.2f"),
     ("peak_rss_mb", "peak RSS MB", "%.0f"), ("rss_vs_ssgd", "RSS/ssgd", "%.2f"),
 ]
@@ -52,12 +53,25 @@ def markdown_table(rows: List[dict], columns=None) -> str:
             if key in ("tx_kb", "rx_kb"):
                 raw = row.get(key[:2] + "_bytes_per_iter")
                 value = raw / 1e3 if raw is not None else None
+            elif key == "cpu_floor_pct":
+                raw = row.get("cpu_floor_fraction")
+                value = 100 * raw if raw is not None else None
             elif key == "max_link_kb":
                 raw = row.get("max_link_bytes_per_iter")
                 value = raw / 1e3 if raw is not None else None
             cells.append(fmt_value(value, spec) if not isinstance(value, str) else value)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def dilation_note(cfg: dict) -> str:
+    """How a result's times relate to the clock ('' when not dilated)."""
+    scale = cfg.get("time_scale") or 1
+    if scale == 1:
+        return ""
+    return ("**Dilated x%g**: every job ran %g times slower (emulated compute x %g, link "
+            "rates / %g, delays x %g); every time below is the measured time divided by "
+            "%g." % ((scale,) * 6))
 
 
 def markdown_report(result: dict) -> str:
@@ -86,6 +100,8 @@ def markdown_report(result: dict) -> str:
                cfg["correction_period"], result["started"],
                "/".join("%.2f" % x for x in result["load_start"]),
                "/".join("%.2f" % x for x in result["load_end"])), ""]
+    if dilation_note(cfg):
+        out += [dilation_note(cfg), ""]
     variants = [v for v in cfg.get("variants") or [] if v["knobs"] or v["label"] != v["store"]]
     if variants:
         out += ["Algorithm variants (their knobs override the ones above): " + "; ".join(
@@ -108,14 +124,20 @@ def markdown_report(result: dict) -> str:
             "timed iteration, mean over workers; server CPU = all servers' CPU time per "
             "iteration; CPU floor = CPU time of workers, servers and scheduler per "
             "iteration divided by the machine's cores (the time per iteration this "
-            "machine cannot beat however the work overlaps); cores busy = CPU time of workers, servers and scheduler over the "
+            "machine cannot beat however the work overlaps); CPU floor/iter = CPU floor / "
+            "ms/iter (above %.0f %% the cores rather than the algorithm may set the time); "
+            "cores busy = CPU time of workers, servers and scheduler over the "
             "timed window divided by its length (this machine has %s cores); other load = "
             "the rest of the machine's busy CPU time (other processes, kernel work "
             "such as softirq networking) over the same window, in cores; "
             "drops/iter = packets the emulated links' queues dropped per timed iteration "
             "(all nodes, both directions; a dropped packet may be a 64 KB GSO segment); "
-            "peak RSS = largest worker VmHWM. `none` = %s." % (result["cpu_count"],
-                                                               cfg["none_mode"]), ""]
+            "peak RSS = largest worker VmHWM. `none` = %s." % (
+                100 * CPU_FLOOR_WARN, result["cpu_count"], cfg["none_mode"]), ""]
+    warnings = cpu_floor_warnings(result["rows"])
+    if warnings:
+        out += ["**Warning**: CPU floor above %.0f %% of the iteration:" % (
+            100 * CPU_FLOOR_WARN), ""] + ["- " + w for w in warnings] + [""]
     if result["checks"]:
         out += ["## Targets (cpsgd)", "",
                 "| rate | uncompressed bound / compute | target | value | limit | met |",
@@ -183,7 +205,9 @@ def plot(result: dict, out_path: str) -> None:
                      cfg["model"], cfg["num_workers"], cfg["num_servers"], cfg["batch_size"],
                      cfg.get("placement", "separate"),
                      "emulated compute %g ms" % cfg["emulate_compute"]
-                     if cfg.get("emulate_compute") else "real compute"),
+                     if cfg.get("emulate_compute") else "real compute")
+                 + (" (times dilated x%g, divided back)" % cfg["time_scale"]
+                    if (cfg.get("time_scale") or 1) != 1 else ""),
                  fontsize=10)
     ymax = max([max(r.get("repeat_mean_ms") or [r["mean_ms"]]) for r in rows]
                + [r.get("transfer_bound_ms") or 0 for r in rows]
@@ -196,7 +220,9 @@ def plot(result: dict, out_path: str) -> None:
     plt.close(fig)
 
 
-def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
+def build_timelines(result: dict, runs: List[dict], out_dir: str,
+                    plots: bool = True) -> List[dict]:
+    """Merged traces per run and (``plots``: matplotlib installed) one PNG per rate."""
     from mxnet_cpsgd.bench import timeline
 
     made = []
@@ -219,7 +245,7 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str) -> List[dict]:
                      "path": os.path.relpath(path, out_dir), "overlap": overlap})
         by_rate.setdefault(run["rate"], {})[run["algorithm"]] = {"workers": workers}
     refs = reference_labels(result["config"].get("variants"))
-    for rate, algos in by_rate.items():
+    for rate, algos in (by_rate.items() if plots else ()):
         chosen = [refs.get(a, a) for a in ("bitsgd", "cpsgd", "horovod")
                   if refs.get(a, a) in algos]
         chosen += [a for a in algos if a not in chosen][:max(0, 3 - len(chosen))]
@@ -269,6 +295,84 @@ def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> Non
         cfg["model"], cfg.get("placement", "separate"),
         "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
         else "real compute"), fontsize=10)
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+
+
+def _scaling_points(results: List[dict]) -> Dict[str, List[tuple]]:
+    """label -> sorted [(workers, row, compute_ms)] over several results; the
+    label is the algorithm alone when every result ran one rate (e.g. a rate
+    per worker count chosen so that the exchange matches the compute)."""
+    points: Dict[str, List[tuple]] = {}
+    one_rate = all(len(r["config"].get("rates") or [None]) == 1 for r in results)
+    for result in results:
+        n = result["config"]["num_workers"]
+        for row in result["rows"]:
+            if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
+                continue
+            label = row["algorithm"] if one_rate else "%s @ %s" % (row["algorithm"], row["rate"])
+            points.setdefault(label, []).append((n, row, result.get("compute_ms")))
+    for pts in points.values():
+        pts.sort(key=lambda p: p[0])
+    return points
+
+
+def scaling_table(results: List[dict]) -> str:
+    """Markdown: per algorithm and worker count, ms/iteration, scaling efficiency
+    (compute-only time / iteration time), the transfer bound and the CPU floor's
+    share of the iteration, from several results.json (one per worker count)."""
+    lines = ["| algorithm | workers | rate | ms/iter | median | max | efficiency | bound ms | "
+             "/max(compute,bound) | CPU floor/iter | dilated |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, pts in _scaling_points(results).items():
+        for n, row, compute in pts:
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | x%g |" % (
+                label, n, row["rate"], fmt_value(row["mean_ms"]), fmt_value(row.get("median_ms")),
+                fmt_value(row.get("max_ms")),
+                fmt_value(compute / row["mean_ms"] if compute else None, "%.2f"),
+                fmt_value(row.get("transfer_bound_ms")), fmt_value(row.get("vs_floor"), "%.2f"),
+                fmt_value(100 * row["cpu_floor_fraction"]
+                          if row.get("cpu_floor_fraction") is not None else None, "%.0f%%"),
+                row.get("time_scale") or 1))
+    return "\n".join(lines)
+
+
+def plot_throughput_vs_workers(results: List[dict], out_path: str) -> None:
+    """Samples per second of the whole job against workers, one line per
+    algorithm, with the ideal line (workers x batch / compute-only time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ideal = sorted({(r["config"]["num_workers"],
+                     r["config"]["num_workers"] * r["config"]["batch_size"]
+                     / (r["compute_ms"] / 1e3))
+                    for r in results if r.get("compute_ms")})
+    if ideal:
+        ax.plot([p[0] for p in ideal], [p[1] for p in ideal], "k--", marker="x",
+                label="ideal (compute only)")
+    batch = {r["config"]["num_workers"]: r["config"]["batch_size"] for r in results}
+    for label, pts in _scaling_points(results).items():
+        ax.plot([p[0] for p in pts], [p[0] * batch[p[0]] / (p[1]["mean_ms"] / 1e3)
+                                      for p in pts], marker="o", label=label)
+    cfg = results[0]["config"]
+    ax.set_xlabel("workers")
+    ax.set_ylabel("samples/s, all workers")
+    ax.set_xticks(sorted(batch))
+    scales = sorted({r["config"].get("time_scale") or 1 for r in results})
+    rates = {n: "/".join(r["config"].get("rates") or []) for n, r in
+             ((r["config"]["num_workers"], r) for r in results)}
+    ax.set_title("%s, %s placement, %s%s\nrates: %s" % (
+        cfg["model"], cfg.get("placement", "separate"),
+        "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
+        else "real compute",
+        ", dilated x%s" % "/x".join("%g" % d for d in scales) if scales != [1] else "",
+        ", ".join("%d workers %s" % (n, rates[n]) for n in sorted(rates))), fontsize=9)
     ax.set_ylim(0, None)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

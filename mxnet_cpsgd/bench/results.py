@@ -23,23 +23,36 @@ NOISE = 1.05
 BALANCE = 1.5
 
 
+#: above this fraction of an iteration the CPU floor (this machine's cores)
+#: rather than the algorithm may set the time: the bench warns
+CPU_FLOOR_WARN = 0.10
+
+
 def summarize(run: dict, num_servers: int) -> dict:
-    """The table row of one run (None values where not measured)."""
+    """The table row of one run (None values where not measured).
+
+    A dilated run (``run['time_scale']`` D > 1 ran D times slower) has every
+    time (iterations, CPU time per iteration) divided by D; bytes per iteration
+    are what they are, and the transfer bound uses the undilated rate.
+    """
     row = {"rate": run["rate"], "algorithm": run["algorithm"],
            "store": run.get("store", run["algorithm"]), "failure": run["failure"],
-           "load_before": run["load_before"], "load_after": run["load_after"]}
+           "load_before": run["load_before"], "load_after": run["load_after"],
+           "time_scale": float(run.get("time_scale") or 1.0)}
     workers = run["workers"]
     if run["failure"] or not workers:
         return row
-    per_worker_ms = [[1e3 * t for t in w["iter_times_s"]] for w in workers]
+    # seconds measured -> milliseconds reported (dilated: divided by D)
+    ms = 1e3 / row["time_scale"]
+    per_worker_ms = [[ms * t for t in w["iter_times_s"]] for w in workers]
     medians = [median_of(ts) for ts in per_worker_ms]
     row["median_ms"] = statistics.mean(medians)
     row["min_ms"] = min(min(ts) for ts in per_worker_ms)
     row["max_ms"] = max(max(ts) for ts in per_worker_ms)
     # throughput: the timed window up to the moment everything it issued had
     # finished (waitall), divided by the iterations; mean over workers
-    row["mean_ms"] = statistics.mean(1e3 * w["drained_s"] / w["iters"] for w in workers)
-    row["step_call_ms"] = statistics.mean(median_of([1e3 * t for t in w.get("step_call_s") or []])
+    row["mean_ms"] = statistics.mean(ms * w["drained_s"] / w["iters"] for w in workers)
+    row["step_call_ms"] = statistics.mean(median_of([ms * t for t in w.get("step_call_s") or []])
                                           for w in workers)
     row["workermedian_of_ms"] = medians
     row["samples_per_s_per_worker"] = workers[0]["batch_size"] / (row["mean_ms"] / 1e3)
@@ -47,15 +60,17 @@ def summarize(run: dict, num_servers: int) -> dict:
     row["num_params"] = workers[0]["num_params"]
     window_s = statistics.mean(w["drained_s"] for w in workers)
     if all(w.get("cpu_s") is not None for w in workers):
-        row["worker_cpu_ms_per_iter"] = statistics.mean(1e3 * w["cpu_s"] / w["iters"]
+        row["worker_cpu_ms_per_iter"] = statistics.mean(ms * w["cpu_s"] / w["iters"]
                                                         for w in workers)
         peer = next((w["peer_cpu_s"] for w in workers if w.get("peer_cpu_s")), None)
-        row["server_cpu_ms_per_iter"] = (1e3 * peer.get("server", 0.0) / workers[0]["iters"]
+        row["server_cpu_ms_per_iter"] = (ms * peer.get("server", 0.0) / workers[0]["iters"]
                                          if peer else None)
         total = sum(w["cpu_s"] for w in workers) + (sum(peer.values()) if peer else 0.0)
         row["cpu_busy_cores"] = total / window_s if window_s else None
         # what this machine's cores need for one iteration of the whole job
-        row["cpu_floor_ms"] = 1e3 * total / workers[0]["iters"] / (os.cpu_count() or 1)
+        row["cpu_floor_ms"] = ms * total / workers[0]["iters"] / (os.cpu_count() or 1)
+        # the share of an iteration this machine's cores need at the least
+        row["cpu_floor_fraction"] = row["cpu_floor_ms"] / row["mean_ms"]
         system = [w.get("system_busy_s") for w in workers if w.get("peer_cpu_s")]
         if system and system[0] is not None and window_s:
             # everything else the machine did meanwhile (other jobs, kernel work)
@@ -100,6 +115,20 @@ def summarize(run: dict, num_servers: int) -> dict:
         if bps is not None:
             row["transfer_bound_ms"] = 1e3 * links[busiest] * 8 / bps
     return row
+
+def cpu_floor_warnings(rows: List[dict]) -> List[str]:
+    """One line per row whose CPU floor is above :data:`CPU_FLOOR_WARN` of its
+    iteration (its time may be this machine's, not the algorithm's)."""
+    lines = []
+    for row in rows:
+        fraction = row.get("cpu_floor_fraction")
+        if fraction is not None and fraction > CPU_FLOOR_WARN:
+            lines.append("%s @ %s: CPU floor %.0f %% of the iteration (> %.0f %%): this "
+                         "machine's cores may set its time; dilate more (--time-scale)"
+                         % (row["algorithm"], row["rate"], 100 * fraction,
+                            100 * CPU_FLOOR_WARN))
+    return lines
+
 
 def combine_repeats(rows: List[dict]) -> List[dict]:
     """One row per (rate, algorithm): the median over repeats of each number.

@@ -186,11 +186,14 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     allreduce = variant.store in getattr(args, "allreduce_algorithms", ())
     placement = getattr(args, "placement", "separate")
     emulate_ms = getattr(args, "emulate_compute", 0.0) or 0.0
+    # time dilation: the job runs D times slower (compute x D, rates / D); the
+    # analysis divides what it measured by D (results.summarize)
+    scale = float(getattr(args, "time_scale", 1.0) or 1.0)
     num_hosts, _ = launch.host_of_nodes(args.num_workers, args.num_servers, placement,
                                         allreduce)
     command += ["--placement", placement, "--num-hosts", str(num_hosts)]
     if emulate_ms > 0:
-        command += ["--emulate-compute", repr(emulate_ms)]
+        command += ["--emulate-compute", repr(emulate_ms * scale)]
     if use_netns:
         command += ["--netns", "--root-netns-pid", str(os.getpid())]
     if args.worker_setup:
@@ -202,6 +205,8 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
         emulate = args.unshaped_rate if rate in UNSHAPED else rate
         if rate not in UNSHAPED and getattr(args, "queue", "fifo") != "fifo":
             emulate += "," + args.queue
+        if rate not in UNSHAPED:
+            emulate = netem.dilate_spec(emulate, scale)
     if algorithm == COMPUTE_ONLY:
         emulate = args.unshaped_rate if use_netns else None  # nothing to shape
     env = dict(THREAD_ENV)
@@ -210,6 +215,12 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
         # Gloo gives up after 30 s by default; a loaded machine can take longer
         # to import MXNet in one worker than in another
         env.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
+        if scale != 1 and "HOROVOD_CYCLE_TIME" not in os.environ:
+            # Horovod's background loop runs a control round every cycle (1 ms by
+            # default): dilated, the same cycles per iteration (measured at 2
+            # workers, ResNet-20: 1.33 instead of 1.13 MB per iteration at D = 10
+            # with the cycle left at 1 ms)
+            env["HOROVOD_CYCLE_TIME"] = "%g" % scale
     load_before = os.getloadavg()
     started = time.time()
     try:
@@ -237,6 +248,7 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     return {"rate": rate, "algorithm": algorithm, "store": variant.store,
             "knobs": dict(variant.knobs), "emulate_network": emulate,
             "placement": placement, "allreduce": allreduce, "emulate_compute_ms": emulate_ms,
+            "time_scale": scale, "horovod_cycle_time_ms": env.get("HOROVOD_CYCLE_TIME"),
             "num_hosts": num_hosts,
             "run_dir": run_dir, "failure": failure, "returncode": result.returncode,
             "elapsed_s": elapsed, "load_before": list(load_before),

@@ -377,6 +377,12 @@ def _parser() -> argparse.ArgumentParser:
                              "(e.g. 0.2ms; needs netem in the kernel); QUEUE fifo "
                              "(default: one FIFO per link direction) or fair (the TCP "
                              "flows of a link share its rate; not with DELAY); root only")
+    parser.add_argument("--time-scale", metavar="D", default=None,
+                        help="time dilation of --emulate-network: rates divided by D, "
+                             "delays multiplied by D (D >= 1, default 1).  Only the network "
+                             "is dilated: slow the workers' compute down by D yourself "
+                             "(e.g. an emulated compute time x D) and divide the times you "
+                             "measure by D (cpsgd-bench --time-scale does all of this)")
     parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
     parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         metavar="SECONDS",
@@ -435,6 +441,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         options, command = argv, []
     args = parser.parse_args(options)
     try:
+        emulate_network = args.emulate_network
+        if args.time_scale is not None:
+            if emulate_network is None:
+                raise LaunchError("--time-scale dilates the emulated network: give "
+                                  "--emulate-network too")
+            emulate_network = netem.dilate_spec(emulate_network, args.time_scale)
+            print("cpsgd-launch: time dilation x%g: links emulated as %s; the workers' "
+                  "compute is not slowed down by the launcher"
+                  % (netem.parse_time_scale(args.time_scale), emulate_network),
+                  file=sys.stderr)
         env = parse_env([item for group in args.env for item in group])
         cluster = None
         if args.hostfile is not None:
@@ -452,7 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise LaunchError("-s/--num-servers is required (without -H)")
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
-                         emulate_network=args.emulate_network, log_dir=args.log_dir,
+                         emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
                          stall_timeout=args.stall_timeout, max_restarts=args.max_restarts)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:

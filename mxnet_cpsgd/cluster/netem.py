@@ -14,7 +14,7 @@ that split the link by deficit round robin, each TCP packet hashed to a leaf by
 its destination port.  With one FIFO the flows of one link take turns (a burst
 of one flow holds back the others behind it); a parameter server's pushes and
 pulls share every host's link, so the queue changes what the stores measure
-(docs/performance.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
+(docs/perf/colocated-2-4-workers.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
 
 Nodes get addresses 198.18.0.10, 198.18.0.11, ... from 198.18.0.0/15 (the
 range reserved for benchmarks).  The bridge gets no address: nodes talk to
@@ -154,6 +154,60 @@ def parse_spec(text: str) -> NetworkSpec:
     return spec
 
 
+def parse_time_scale(text) -> float:
+    """A time-dilation factor D (``--time-scale``): a finite number >= 1.
+
+    Args:
+        text: the factor as given (a string or a number).
+
+    Raises:
+        NetemError: not a number, not finite, or below 1.
+    """
+    try:
+        scale = float(text)
+    except (TypeError, ValueError):
+        raise NetemError("bad time scale %r: expected a number >= 1, e.g. 10" % (text,)) \
+            from None
+    if not math.isfinite(scale) or scale < 1:
+        raise NetemError("bad time scale %r: expected a number >= 1 (1 = real time; "
+                         "D > 1 slows links and compute down D times)" % (text,))
+    return scale
+
+
+def _format_number(value: float) -> str:
+    # plain decimals (the rate and delay syntax has no exponents)
+    return ("%.6f" % value).rstrip("0").rstrip(".")
+
+
+def dilate_spec(text: str, scale: float) -> str:
+    """The ``RATE[,DELAY][,QUEUE]`` value of a network ``scale`` times slower:
+    the rate divided by ``scale``, the delay multiplied by it (time-dilated
+    emulation: the ratio of transfer time to compute stays the same when the
+    compute is slowed down by the same factor).
+
+    Args:
+        text: a ``--emulate-network`` value, e.g. ``'100mbit,0.2ms'``.
+        scale: the dilation factor D >= 1 (:func:`parse_time_scale`).
+
+    Returns:
+        e.g. ``'10000000bit,2ms'`` for D = 10; ``text`` itself for D = 1.
+
+    Raises:
+        NetemError: a bad value or factor.
+    """
+    spec = parse_spec(text)
+    scale = parse_time_scale(scale)
+    if scale == 1:
+        return text
+    # whole bits per second: tc's own resolution
+    parts = ["%dbit" % max(1, round(spec.rate_bps / scale))]
+    if spec.delay:
+        parts.append("%sus" % _format_number(spec.delay_s * 1e6 * scale))
+    if spec.queue != "fifo":
+        parts.append(spec.queue)
+    return ",".join(parts)
+
+
 def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
     if queue not in QUEUES:
         raise NetemError("bad queue %r: expected one of %s" % (queue, ", ".join(QUEUES)))
@@ -234,7 +288,7 @@ def _tbf_args(rate_bps: float, rate: str) -> List[str]:
     The queue is deep on purpose: with 50 ms, the parameter server's fan-out
     (one sender, several TCP streams) overflowed it and lost 30-150 packets per
     iteration at 50mbit; the retransmissions then showed up in the byte counts.
-    400 ms removed every drop in that measurement (docs/performance.md)."""
+    400 ms removed every drop in that measurement (docs/perf/colocated-2-4-workers.md)."""
     burst, limit = _queue_sizes(rate_bps)
     return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
 

@@ -103,12 +103,26 @@ def _compression_type(name, value):
     return value
 
 
+def _choice(*choices):
+    def check(name, value):
+        if not isinstance(value, str) or value.lower() not in choices:
+            raise ConfigError("%s must be one of %s, got %r"
+                              % (name, ", ".join(repr(c) for c in choices), value))
+        return value.lower()
+    return check
+
+
 # knob -> (validator, meaning); the defaults live with each algorithm's policy
 KNOBS = {
     "type": (_compression_type, "compression type; only '2bit'"),
     "threshold": (_positive_float, "2-bit quantization threshold tau"),
     "correction_period": (_int_at_least(1),
                           "every correction_period-th iteration pushes full precision"),
+    "correction_schedule": (_choice("aligned", "staggered"),
+                            "cpsgd: 'aligned' (every parameter corrected on the same "
+                            "iteration, the authors' rule) or 'staggered' (each parameter at "
+                            "its own phase, about 1/correction_period of the bytes per "
+                            "iteration)"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
     "local_lr": (_positive_float,
@@ -142,6 +156,11 @@ class AlgorithmConfig:
         threshold: 2-bit quantization threshold tau (``bitsgd``, ``cpsgd``).
         correction_period: every correction_period-th iteration the push is the
             full-precision gradient (``cpsgd``).
+        correction_schedule: ``'aligned'`` (every parameter's correction on the
+            same iteration, the authors' rule) or ``'staggered'`` (each parameter
+            still every ``correction_period``-th iteration, at a phase of its own
+            chosen so that each iteration corrects about 1/correction_period of
+            the model's bytes) (``cpsgd``).
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
@@ -162,6 +181,7 @@ class AlgorithmConfig:
     algorithm: str
     threshold: Optional[float] = None
     correction_period: Optional[int] = None
+    correction_schedule: Optional[str] = None
     warmup_steps: Optional[int] = None
     sync_period: Optional[int] = None
     local_lr: Optional[float] = None

@@ -8,6 +8,14 @@ reach the bound are therefore cut into contiguous chunks, each its own key, each
 below the bound.  Every chunk key ``k`` also has a mirror key
 ``mirror_base + k`` for its server-side optimizer state, chosen so that MXNet
 places it on the same server as ``k`` (server = key * 9973 mod num_servers).
+
+With several servers the chunk keys are *chosen* so that every server holds
+about the same number of elements (greedy, largest chunk first, to the server
+with the fewest so far; :func:`balanced_keys`): with the Trainer's indices as
+keys MXNet's hash leaves ResNet-20's busiest of 4 servers with 1.32 x the mean
+load and of 8 servers with 1.43 x, and in a colocated cluster the busiest
+server's host link sets the iteration time.  Which server holds a key changes
+nothing that is computed.
 """
 import os
 from dataclasses import dataclass
@@ -70,6 +78,9 @@ class KeyLayout:
             if not chunks:  # a parameter with no elements still gets one key
                 chunks.append(Chunk(index, 0, 0))
             self.chunks[index] = chunks
+        if num_servers > 1:
+            self.chunks = balanced_keys(self.chunks, num_servers)
+            next_key = max(c.key for chunks in self.chunks.values() for c in chunks) + 1
         # the mirror of k is k + mirror_base; a multiple of num_servers keeps both on one server
         self.mirror_base = -(-max(next_key, 1) // num_servers) * num_servers
         if self.mirror_base + next_key > _MAX_KEY:
@@ -84,6 +95,38 @@ class KeyLayout:
     def owner(self) -> Dict[int, int]:
         """chunk key -> parameter index"""
         return {c.key: index for index, chunks in self.chunks.items() for c in chunks}
+
+
+def server_of(key: int, num_servers: int) -> int:
+    """The server MXNet's dist kvstore sends a (non-big) key to."""
+    return (key * 9973) % num_servers
+
+
+def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int) -> Dict[int, List[Chunk]]:
+    """The same chunks with new keys that spread their elements evenly over
+    the servers: chunks by size, largest first (ties: parameter index, then
+    position), each to the server with the fewest elements so far (ties: the
+    lowest server), given the smallest unused key MXNet sends to that server.
+    Deterministic, so every worker derives the same keys.
+
+    Args:
+        chunks: parameter index -> its chunks (keys are replaced).
+        num_servers: servers in the job (>= 1).
+    """
+    # 9973 is prime, so key -> key * 9973 mod S is a bijection on residues mod S
+    residue = {server_of(r, num_servers): r for r in range(num_servers)}
+    used = [0] * num_servers  # keys already handed out per server
+    load = [0] * num_servers
+    order = sorted(((c.size, index, j) for index, cs in chunks.items()
+                    for j, c in enumerate(cs)), key=lambda t: (-t[0], t[1], t[2]))
+    new_key = {}
+    for size, index, j in order:
+        server = min(range(num_servers), key=lambda s: (load[s], s))
+        new_key[(index, j)] = residue[server] + num_servers * used[server]
+        used[server] += 1
+        load[server] += size
+    return {index: [Chunk(new_key[(index, j)], c.start, c.stop) for j, c in enumerate(cs)]
+            for index, cs in chunks.items()}
 
 
 def _numel(shape):

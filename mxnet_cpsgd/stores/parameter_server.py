@@ -259,6 +259,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
                                  bigarray_bound())
+        self._policy.set_keys({index: int(np.prod(shape)) for index, shape in shapes.items()})
         self._adopt_optimizer(optimizer)
 
     def _reuse(self, optimizer, shapes, mirrors, state_per_element):

@@ -74,6 +74,15 @@ class Policy:
         """
         raise NotImplementedError
 
+    def set_keys(self, sizes):
+        """Called by the store once it knows its parameters, before the first step.
+
+        Args:
+            sizes: key -> number of elements of that parameter, for every key of
+                the optimizer's param_dict (the same on every worker).  A policy
+                whose schedule depends on the parameters' sizes uses it.
+        """
+
     def local_settings(self, num_workers):
         """Arguments of :class:`~mxnet_cpsgd.local_optimizer.LocalOptimizer`.
 

@@ -5,6 +5,13 @@ After warm-up, iteration t pushes the full-precision gradient when
 otherwise (the authors' 1-based counter: Tugraph/CD-SGD,
 src/kvstore/kvstore_dist.h line 451); the residual is neither added to nor
 reset by a correction push.
+
+``correction_schedule='staggered'`` keeps every parameter's period but gives
+each its own phase p (:func:`staggered_phases`): parameter ``key`` is corrected
+when ``(t + 1 - p) % correction_period == 0``, so that each iteration carries
+about 1/correction_period of the model's bytes at full precision instead of
+all of them every correction_period-th iteration.  ``'aligned'`` (default) is
+the authors' rule (every phase 0).
 """
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
@@ -12,19 +19,52 @@ _CORRECTION = StepPlan(Push.DENSE, Pull.BACKGROUND, Local.FROM_GLOBAL)
 _COMPRESSED = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL)
 
 
+def staggered_phases(sizes, period):
+    """Each key's correction phase in 0..period-1, balancing bytes per phase.
+
+    Greedy: keys by size, largest first (ties: smaller key first), each to the
+    phase with the fewest elements so far (ties: the lowest phase).  Depends
+    only on ``sizes``, so every worker derives the same phases.
+
+    Args:
+        sizes: key -> number of elements.
+        period: the correction period k >= 1.
+
+    Returns:
+        key -> phase.
+    """
+    load = [0] * period
+    phases = {}
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        phase = min(range(period), key=lambda p: (load[p], p))
+        phases[key] = phase
+        load[phase] += sizes[key]
+    return phases
+
+
 class CPSGD(Policy):
     name = "cpsgd"
     # local optimizer: CD-SGD's fit.py passes no local settings, so its local optimizer
     # is a stock 'sgd' (momentum 0, wd 0; python/mxnet/module/base_module.py line 417)
     defaults = {"type": "2bit", "threshold": 0.5, "correction_period": 5,
+                "correction_schedule": "aligned",
                 "warmup_steps": 1000, "local_lr": None, "local_momentum": 0.0,
                 "local_optimizer": "sgd", "local_wd": 0.0}
     uses_compression = True
     uses_local_optimizer = True
 
+    def __init__(self, config):
+        super().__init__(config)
+        self._phases = {}  # key -> phase; empty: every key at phase 0 (aligned)
+
+    def set_keys(self, sizes):
+        if self.config.correction_schedule == "staggered":
+            self._phases = staggered_phases(sizes, self.config.correction_period)
+
     def plan(self, step, key):
         if self.in_warmup(step):
             return SYNC_SGD
-        if (step + 1) % self.config.correction_period == 0:
+        phase = self._phases.get(key, 0)
+        if (step + 1 - phase) % self.config.correction_period == 0:
             return _CORRECTION
         return _COMPRESSED
