@@ -106,6 +106,16 @@ def test_paired_differences_and_verdicts(root):
     assert got["BIT-wu"].verdict == "not distinguishable"
     assert got["local"].verdict == "one seed: no interval"
     assert got["k5-mom0"].verdict in ("above", "not distinguishable")
+    # with also_base, k5-mom0 (and only the -mom0 labels) also against SSGD, seeds 1-3
+    both = paired.paired_differences(
+        report.group_runs([report.summarize_run(r) for r in report.load_runs(root)]),
+        also_base=True)
+    extra = [(d.label, d.reference) for d in both
+             if (d.label, d.reference) not in {(x.label, x.reference) for x in got.values()}]
+    assert extra == [("k5-mom0", "SSGD")]
+    k5m = next(d for d in both if (d.label, d.reference) == ("k5-mom0", "SSGD"))
+    assert k5m.seeds == [1, 2, 3] and k5m.mean == pytest.approx(_expected("k5-mom0", "SSGD")[1])
+    assert "| m2 | 2 | loopback | k5-mom0 | SSGD | 3 |" in rep.markdown
     # the report's table and figures
     assert "## Seed-paired differences to S-SGD" in rep.markdown
     line = next(l for l in rep.markdown.splitlines() if l.startswith("| m2 | 2 | loopback | k5 |"))

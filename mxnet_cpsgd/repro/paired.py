@@ -95,10 +95,18 @@ def _final_by_seed(group: Group) -> Dict[object, float]:
     return out
 
 
-def paired_differences(groups: Sequence[Group], base: str = "SSGD") -> List[PairedDiff]:
+def paired_differences(groups: Sequence[Group], base: str = "SSGD",
+                       also_base: bool = False) -> List[PairedDiff]:
     """Every group's paired difference to its reference group (same experiment, M,
-    network), over the seeds both have; groups in their given order, references
-    (S-SGD groups) included against ``base`` when they are variants of it."""
+    network), over the seeds both have; groups in their given order, S-SGD variants
+    included against ``base``.
+
+    Args:
+        groups: the report's groups.
+        base: the label of plain S-SGD.
+        also_base: a group whose reference is a variant (``SSGD-mom0``) is compared
+            with ``base`` too (a second row, after the first).
+    """
     out = []
     for g in groups:
         same = [h for h in groups
@@ -108,11 +116,15 @@ def paired_differences(groups: Sequence[Group], base: str = "SSGD") -> List[Pair
         ref = reference_label(g.label, labels, base)
         if ref is None or ref == g.label:
             continue
-        ref_group = next(h for h in same if h.label == ref)
-        mine, theirs = _final_by_seed(g), _final_by_seed(ref_group)
-        seeds = sorted((s for s in mine if s in theirs), key=lambda s: (str(type(s)), s))
-        out.append(PairedDiff(g.experiment, g.num_workers, g.rate, g.label, ref, seeds,
-                              [100.0 * (mine[s] - theirs[s]) for s in seeds]))
+        refs = [ref]
+        if also_base and ref != base and base in labels:
+            refs.append(base)
+        for r in refs:
+            ref_group = next(h for h in same if h.label == r)
+            mine, theirs = _final_by_seed(g), _final_by_seed(ref_group)
+            seeds = sorted((s for s in mine if s in theirs), key=lambda s: (str(type(s)), s))
+            out.append(PairedDiff(g.experiment, g.num_workers, g.rate, g.label, r, seeds,
+                                  [100.0 * (mine[s] - theirs[s]) for s in seeds]))
     return out
 
 

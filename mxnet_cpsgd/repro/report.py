@@ -162,13 +162,14 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "their accuracies are not shown, compared, plotted or checked (they are "
                "in their logs)." % ", ".join(sorted(timing_only)), ""]
 
-    pairs = [d for d in paired_differences(acc_groups) if d.n]
+    pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
     if pairs:
         md += ["## Seed-paired differences to S-SGD", ""]
         md += ["Final accuracy of each run minus that of S-SGD (same experiment, M, "
                "network and seed; a label ending in `-X` against `SSGD-X` where that "
-               "exists), in points: mean over the paired seeds and its 95 % confidence "
-               "interval (Student's t). The verdict says only what the interval allows.",
+               "exists, and then also against `SSGD`), in points: mean over the paired "
+               "seeds and its 95 % confidence interval (Student's t). The verdict says only "
+               "what the interval allows.",
                ""]
         md += [paired_markdown(pairs), ""]
     settings = setting_keys(acc_groups)
@@ -176,7 +177,9 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
         for exp in dict.fromkeys(g.experiment for g in acc_groups):
             figures += _band_figures([g for g in acc_groups if g.experiment == exp], exp,
                                      out_dir, md)
-            exp_pairs = [d for d in pairs if d.experiment == exp]
+            # the bars: each label against its own reference only
+            exp_pairs = [d for d in paired_differences(acc_groups) if d.n and
+                         d.experiment == exp]
             if exp_pairs and any(g.epochs > 1 for g in acc_groups if g.experiment == exp):
                 fname = "paired-%s.png" % _file_part(exp)
                 plot_paired_bars(exp_pairs, os.path.join(out_dir, fname),
