@@ -168,7 +168,8 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
 def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     """One bar per comparison: the mean paired difference of final accuracy to the
     reference (points), with its 95 % interval; a single-seed comparison is drawn
-    hatched, without an interval.
+    hatched, without an interval.  The axis stops at -FAILED_POINTS; a bar beyond it
+    (a run that did not train) carries its value as text.
 
     Args:
         diffs: :class:`~mxnet_cpsgd.repro.paired.PairedDiff` objects, in bar order.
@@ -190,6 +191,17 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
                         ecolor="black", capsize=4)
         ax.plot([i] * d.n, d.diffs, "k.", ms=4)
     ax.axhline(0, color="black", lw=0.8)
+    # a run that did not train would flatten every other bar: cut the axis and write
+    # its value on the bar
+    floor = -FAILED_POINTS
+    lows = [min(d.diffs + ([d.ci[0]] if d.ci else [])) for d in diffs]
+    if lows and min(lows) < floor:
+        top = max([max(d.diffs + ([d.ci[1]] if d.ci else [])) for d in diffs] + [0.0])
+        ax.set_ylim(floor, top + 0.1 * (top - floor))
+        for i, d in enumerate(diffs):
+            if lows[i] < floor:
+                ax.text(i, floor * 0.97, "%.1f\n(cut)" % d.mean, ha="center", va="bottom",
+                        fontsize=7)
     ax.set_xticks(range(len(diffs)))
     ax.set_xticklabels(["%s\n(n=%d)" % (d.label, d.n) for d in diffs], rotation=60,
                        ha="right", fontsize=8)
