@@ -33,7 +33,9 @@ res <= -tau (res += tau), else 0.
 
 Algorithms (what ``simulate`` does per iteration t):
   ssgd:     push g dense; L_{t+1} = W_{t+1}.
-  bitsgd:   push Q(g); L_{t+1} = W_{t+1}.
+  bitsgd:   push Q(g); L_{t+1} = W_{t+1}.  With warmup_steps: t < warmup pushes g
+            dense; with correction_period k: after warm-up, (t + 1) % k == 0 pushes
+            g dense (both leave the residual untouched).
   odsgd:    t < warmup: as ssgd.  Else push g dense and L_{t+1} = Opt_l(W_t, g_t^i).
   cpsgd:    as odsgd, but after warm-up the push is Q(g) unless
             (t + 1) % correction_period == 0 (then dense g, residual untouched);
@@ -63,7 +65,7 @@ ALGORITHMS = ("ssgd", "bitsgd", "odsgd", "cpsgd", "ssdsgd", "localsgd")
 # knobs each algorithm accepts, with the documented defaults
 DEFAULTS = {
     "ssgd": {},
-    "bitsgd": {"threshold": 0.5},
+    "bitsgd": {"threshold": 0.5, "warmup_steps": None, "correction_period": None},
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
@@ -351,8 +353,12 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             L = [_copy(W) for _ in range(M)]
             W_sync = [_copy(W) for _ in range(M)]
         elif algorithm == "bitsgd":
-            pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
-            kind = "compressed"
+            k = cfg["correction_period"]
+            if t < warmup or (k and (t + 1) % k == 0):
+                pushes = g
+            else:
+                pushes = [{n: quantizers[i](n, g[i][n]) for n in W} for i in range(M)]
+                kind = "compressed"
             W = server_round(pushes)
             L = [_copy(W) for _ in range(M)]
         elif algorithm in ("odsgd", "cpsgd"):

@@ -236,6 +236,57 @@ def test_bitsgd_matches_reference(worker_job):
     assert_nontrivial_quantization(traj)
 
 
+def test_reference_bitsgd_ablation_schedule():
+    """The reference itself: BIT-SGD's warm-up and correction are dense pushes that
+    leave the residual alone; the others are compressed; no local weights."""
+    w0 = {"p": np.zeros(3)}
+
+    def grad_fn(i, t, weights):
+        return {"p": np.array([0.3, -0.7, 2.5]) * (1 + i)}
+
+    traj = ref.simulate("bitsgd", w0, grad_fn, 2, 9, 1, 0.1,
+                        knobs={"warmup_steps": 2, "correction_period": 3, "threshold": 1.0})
+    assert traj.push_kind == ["dense", "dense", "dense", "compressed", "compressed",
+                              "dense", "compressed", "compressed", "dense"]
+    assert traj.residual_abs[1] == 0 and traj.residual_abs[2] == 0
+    assert traj.residual_abs[4] > 0 and traj.residual_abs[5] == traj.residual_abs[4]
+    for t in range(10):
+        assert np.array_equal(traj.local[t][0]["p"], traj.server[t]["p"])
+    plain = ref.simulate("bitsgd", w0, grad_fn, 2, 9, 1, 0.1, knobs={"threshold": 1.0})
+    assert plain.push_kind == ["compressed"] * 9
+
+
+#: BIT-SGD's ablation knobs: warm-up t = 0..3, then dense when (t + 1) % 3 == 0
+BITSGD_ABLATION_KNOBS = {"threshold": 1.0, "warmup_steps": 4, "correction_period": 3}
+
+
+@pytest.mark.parametrize("knobs", [
+    {"threshold": 1.0, "warmup_steps": 4},
+    BITSGD_ABLATION_KNOBS,
+], ids=["warmup", "warmup-correction"])
+def test_bitsgd_ablation_knobs_match_reference(worker_job, knobs):
+    """BIT-SGD with a dense warm-up, and with CP-SGD's correction but no local update."""
+    rec = jobutil.run_recording(worker_job, spec("bitsgd", knobs, iterations=14))
+    traj = check_against_reference(rec, "bitsgd", knobs)
+    assert traj.push_kind[:4] == ["dense"] * 4
+    assert ("dense" in traj.push_kind[4:]) == ("correction_period" in knobs)
+    assert_nontrivial_quantization(traj)
+    # the knobs matter: plain BIT-SGD (compressed from t = 0) is another trajectory
+    assert_reference_differs(rec, "bitsgd", {"threshold": 1.0}, "warm-up must be dense")
+    if "correction_period" in knobs:
+        assert_reference_differs(rec, "bitsgd", dict(knobs, correction_period=None),
+                                 "every 3rd step after warm-up must be dense")
+
+
+def test_cpsgd_without_correction_matches_reference(worker_job):
+    """CP-SGD whose correction period exceeds the run: the local update alone."""
+    knobs = dict(CPSGD_KNOBS, correction_period=1000)
+    rec = jobutil.run_recording(worker_job, spec("cpsgd", knobs, iterations=14))
+    traj = check_against_reference(rec, "cpsgd", knobs)
+    assert traj.push_kind[4:] == ["compressed"] * 10
+    assert_reference_differs(rec, "cpsgd", CPSGD_KNOBS, "no correction must happen")
+
+
 def assert_reference_differs(rec, algorithm, knobs, why):
     """The recorded run does NOT match the reference with ``knobs``: the test can
     tell the default it checks from the alternative."""

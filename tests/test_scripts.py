@@ -175,6 +175,12 @@ def test_knobs_passed_only_when_set():
     assert options.compression_params(args) == {"threshold": 1.0, "warmup_steps": 100}
     args = options.parse_args(parser, ["--algorithm", "localsgd", "--sync-period", "3"])
     assert options.compression_params(args) == {"sync_period": 3}
+    # ... but never switches on a knob that is off by default (BIT-SGD's warm-up)
+    args = options.parse_args(parser, ["--algorithm", "bitsgd"])
+    assert options.compression_params(args) == {}
+    args = options.parse_args(parser, ["--algorithm", "bitsgd", "--warmup-steps", "7",
+                                       "--correction-period", "3"])
+    assert options.compression_params(args) == {"warmup_steps": 7, "correction_period": 3}
 
 
 def test_lr_convention_sets_the_step_batch():

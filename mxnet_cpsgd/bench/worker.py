@@ -293,9 +293,10 @@ def _knobs(algorithm, args):
     knobs = {}
     if "threshold" in defaults:
         knobs["threshold"] = args.threshold
-    if "correction_period" in defaults:
+    # a knob that is off by default (None: BIT-SGD's ablation knobs) stays off
+    if defaults.get("correction_period", None) is not None:
         knobs["correction_period"] = args.correction_period
-    if "warmup_steps" in defaults:
+    if "warmup_steps" in defaults and defaults["warmup_steps"] is not None:
         knobs["warmup_steps"] = args.algo_warmup_steps
     knobs.update(_variant_knobs(args))
     return knobs

@@ -113,3 +113,105 @@ def plot_k_sensitivity(entries: Sequence[Dict[str, object]], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: str) -> None:
+    """Validation accuracy vs iterations, one panel per M: per label the mean over
+    seeds (line) and the range over seeds (band), distinct colours, the legend outside
+    the axes.
+
+    Args:
+        panels: ``[{'name': 'M=2', 'lines': [{'label', 'seeds': [[(iteration,
+            accuracy), ...] per seed]}]}]``; accuracies as fractions.
+        path: PNG to write.
+        title: the figure's title.
+    """
+    plt = _pyplot()
+    labels = list(dict.fromkeys(line["label"] for p in panels for line in p["lines"]))
+    cmap = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
+    colors = {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels) + 2.5, 4.6),
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for line in panel["lines"]:
+            seeds = [s for s in line["seeds"] if s]
+            if not seeds:
+                continue
+            n = min(len(s) for s in seeds)
+            xs = [seeds[0][i][0] for i in range(n)]
+            vals = [[100 * s[i][1] for s in seeds] for i in range(n)]
+            mean = [sum(v) / len(v) for v in vals]
+            color = colors[line["label"]]
+            ax.plot(xs, mean, "-", marker="o", ms=3, color=color,
+                    label="%s (%d seed%s)" % (line["label"], len(seeds),
+                                              "s" if len(seeds) > 1 else ""))
+            if len(seeds) > 1:
+                ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals],
+                                color=color, alpha=0.18, lw=0)
+        ax.set_title(panel["name"])
+        ax.set_xlabel("iterations")
+        ax.set_ylabel("validation accuracy (%)")
+        ax.grid(alpha=0.3)
+    seen = {}
+    for ax in axes[0]:
+        handles, names = ax.get_legend_handles_labels()
+        for handle, name in zip(handles, names):
+            seen.setdefault(name, handle)
+    fig.legend(list(seen.values()), list(seen.keys()), loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
+    """One bar per comparison: the mean paired difference of final accuracy to the
+    reference (points), with its 95 % interval; a single-seed comparison is drawn
+    hatched, without an interval.  The axis stops at -FAILED_POINTS; a bar beyond it
+    (a run that did not train) carries its value as text.
+
+    Args:
+        diffs: :class:`~mxnet_cpsgd.repro.paired.PairedDiff` objects, in bar order.
+        path: PNG to write.
+        title: the figure's title.
+    """
+    plt = _pyplot()
+    diffs = [d for d in diffs if d.n]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(diffs) + 2.0), 4.6))
+    cmap = plt.get_cmap("tab10")
+    refs = list(dict.fromkeys(d.reference for d in diffs))
+    for i, d in enumerate(diffs):
+        color = cmap(refs.index(d.reference) % cmap.N)
+        ci = d.ci
+        ax.bar(i, d.mean, color=color, alpha=0.8 if ci else 0.35,
+               hatch=None if ci else "//", edgecolor=color)
+        if ci:
+            ax.errorbar(i, d.mean, yerr=[[d.mean - ci[0]], [ci[1] - d.mean]], fmt="none",
+                        ecolor="black", capsize=4)
+        ax.plot([i] * d.n, d.diffs, "k.", ms=4)
+    ax.axhline(0, color="black", lw=0.8)
+    # a run that did not train would flatten every other bar: cut the axis and write
+    # its value on the bar
+    floor = -FAILED_POINTS
+    lows = [min(d.diffs + ([d.ci[0]] if d.ci else [])) for d in diffs]
+    if lows and min(lows) < floor:
+        top = max([max(d.diffs + ([d.ci[1]] if d.ci else [])) for d in diffs] + [0.0])
+        ax.set_ylim(floor, top + 0.1 * (top - floor))
+        for i, d in enumerate(diffs):
+            if lows[i] < floor:
+                ax.text(i, floor * 0.97, "%.1f\n(cut)" % d.mean, ha="center", va="bottom",
+                        fontsize=7)
+    ax.set_xticks(range(len(diffs)))
+    ax.set_xticklabels(["%s\n(n=%d)" % (d.label, d.n) for d in diffs], rotation=60,
+                       ha="right", fontsize=8)
+    ax.set_ylabel("final accuracy minus reference (points)")
+    from matplotlib.patches import Patch
+    ax.legend([Patch(color=cmap(i % cmap.N)) for i in range(len(refs))],
+              ["vs %s" % r for r in refs], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .logs import ATTEMPTS_DIR, Run, load_runs, read_reproduce_meta, read_run
-from .summary import (TeTcTable, setting_keys, setting_name, accuracy_table, epoch_series, group_runs,
+from .summary import (Group, TeTcTable, setting_keys, setting_name, accuracy_table, epoch_series, group_runs,
                       k_sensitivity, summarize_run, te_tc_tables)
 from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pct, md_table,
                        te_tc_markdown, te_tc_relative_markdown)
-from .plots import plot_curves, plot_k_sensitivity
+from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
+from .paired import PairedDiff, iteration_series, paired_differences
 from . import bench_report
 
 
@@ -81,7 +82,9 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     # figures of an earlier report that this one may not write again
     for stale in glob.glob(os.path.join(out_dir, "curves-*.png")) + \
             glob.glob(os.path.join(out_dir, "k-sensitivity.png")) + \
-            glob.glob(os.path.join(out_dir, "bench-sweep-*.png")):
+            glob.glob(os.path.join(out_dir, "bench-sweep-*.png")) + \
+            glob.glob(os.path.join(out_dir, "accuracy-*.png")) + \
+            glob.glob(os.path.join(out_dir, "paired-*.png")):
         os.remove(stale)
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
@@ -159,8 +162,31 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "their accuracies are not shown, compared, plotted or checked (they are "
                "in their logs)." % ", ".join(sorted(timing_only)), ""]
 
+    pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
+    if pairs:
+        md += ["## Seed-paired differences to S-SGD", ""]
+        md += ["Final accuracy of each run minus that of S-SGD (same experiment, M, "
+               "network and seed; a label ending in `-X` against `SSGD-X` where that "
+               "exists, and then also against `SSGD`), in points: mean over the paired "
+               "seeds and its 95 % confidence interval (Student's t). The verdict says only "
+               "what the interval allows.",
+               ""]
+        md += [paired_markdown(pairs), ""]
     settings = setting_keys(acc_groups)
     if plots:
+        for exp in dict.fromkeys(g.experiment for g in acc_groups):
+            figures += _band_figures([g for g in acc_groups if g.experiment == exp], exp,
+                                     out_dir, md)
+            # the bars: each label against its own reference only
+            exp_pairs = [d for d in paired_differences(acc_groups) if d.n and
+                         d.experiment == exp]
+            if exp_pairs and any(g.epochs > 1 for g in acc_groups if g.experiment == exp):
+                fname = "paired-%s.png" % _file_part(exp)
+                plot_paired_bars(exp_pairs, os.path.join(out_dir, fname),
+                                 "%s: final accuracy minus S-SGD's, seed-paired "
+                                 "(bars: 95 %% interval; dots: seeds)" % exp)
+                figures.append(fname)
+                md += ["![paired differences to S-SGD, %s](%s)" % (exp, fname), ""]
         md += ["## Accuracy curves", ""]
         for exp, m, rate in settings:
             gs = [g for g in acc_groups
@@ -220,12 +246,62 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
 
 
+def _file_part(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
+
+
+def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,
+                  md: List[str]) -> List[str]:
+    """Accuracy vs iterations, one panel per M: the labels with several seeds
+    (``accuracy-seeds-EXP.png``) and every label (``accuracy-all-EXP.png``)."""
+    if not groups or max(g.epochs for g in groups) < 2:
+        return []
+    out = []
+    multi = [g for g in groups if len(g.runs) > 1]
+    for kind, gs in (("seeds", multi), ("all", groups)):
+        if not gs or (kind == "all" and len(gs) == len(multi)):
+            continue
+        ms = sorted({g.num_workers for g in gs})
+        panels = [{"name": "%s, M = %d" % (exp, m),
+                   "lines": [{"label": g.label, "seeds": iteration_series(g)}
+                             for g in gs if g.num_workers == m]} for m in ms]
+        fname = "accuracy-%s-%s.png" % (kind, _file_part(exp))
+        what = ("runs with several seeds (line: mean, band: range over seeds)"
+                if kind == "seeds" else "every run (band: range over seeds where several)")
+        plot_iteration_bands(panels, os.path.join(out_dir, fname),
+                             "%s: validation accuracy vs iterations, %s" % (exp, what))
+        out.append(fname)
+        md += ["![validation accuracy vs iterations, %s, %s](%s)" % (exp, kind, fname), ""]
+    return out
+
+
+def paired_markdown(pairs: Sequence[PairedDiff]) -> str:
+    """The paired differences as a table (points)."""
+    rows = []
+    for d in pairs:
+        ci = d.ci
+        rows.append([d.experiment, d.num_workers, d.rate or "loopback", d.label, d.reference,
+                     d.n, ", ".join(str(s) for s in d.seeds), "%+.2f" % d.mean,
+                     "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict])
+    return md_table(["experiment", "M", "network", "run", "vs", "pairs", "seeds",
+                     "mean diff (points)", "95 % CI", "verdict"], rows,
+                    ["l", "r", "l", "l", "l", "r", "l", "r", "l", "l"])
+
+
 def reference_markdown(ref: Dict[str, object]) -> str:
     """``{'columns': [...], 'rows': {'Te M=4': [...], ...}}`` as a table."""
     columns = list(ref.get("columns") or [])
     body = [[row] + [fmt_num(v) if v is not None else "n/a" for v in values]
             for row, values in (ref.get("rows") or {}).items()]
     return md_table([""] + columns, body)
+
+
+def code_text(code: Optional[Dict[str, object]]) -> str:
+    """``run.json``'s ``code`` as a short commit, ``+dirty`` when the tree had
+    uncommitted changes; ``n/a`` for runs that did not record it."""
+    if not code or not code.get("commit"):
+        return "n/a"
+    return str(code["commit"])[:10] + ("+dirty" if code.get("dirty") else "")
 
 
 def runs_section(runs: Sequence[Run]) -> List[str]:
@@ -236,10 +312,10 @@ def runs_section(runs: Sequence[Run]) -> List[str]:
         rows.append([r.meta.get("run_id"), r.status, r.label, r.num_workers,
                      r.rate or "loopback", r.meta.get("seed", "n/a"),
                      "%.0f" % wall if isinstance(wall, (int, float)) else "n/a",
-                     sum(1 for _ in epoch_series(r)),
+                     sum(1 for _ in epoch_series(r)), code_text(r.meta.get("code")),
                      (r.meta.get("failure") or "").replace("|", "/")[:120]])
     md += [md_table(["run", "status", "label", "M", "network", "seed", "wall (s)", "epochs",
-                     "note"], rows, ["l"] * 3 + ["r"] * 5 + ["l"]), ""]
+                     "code", "note"], rows, ["l"] * 3 + ["r"] * 5 + ["l", "l"]), ""]
     attempts = [(r, a) for r in runs for a in r.attempts]
     if attempts:
         md += ["Earlier failed attempts (files kept in `<run>/attempts/<n>/`; the run "

@@ -424,6 +424,28 @@ def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+def code_version(directory: Optional[str] = None) -> Dict[str, object]:
+    """The git commit of the code that runs, and whether the tree has uncommitted
+    changes (``{'commit': None, 'dirty': None}`` outside a git checkout).
+
+    Args:
+        directory: where to ask git (default: this package's directory).
+    """
+    import subprocess
+    where = directory or os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", where] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, universal_newlines=True,
+                              timeout=30, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": dirty}
+
+
 def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
     meta = {"run_id": plan.run_id, "order": plan.order, "experiment": plan.experiment,
             "label": plan.label, "algorithm": plan.algorithm,
@@ -431,7 +453,7 @@ def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
             "rate": plan.rate, "seed": plan.seed, "knobs": plan.knobs,
             "args": plan.args, "env": plan.env, "fingerprint": plan.fingerprint(),
             "command_text": plan.command_text(), "launch_text": plan.launch_text(),
-            "expected_epochs": plan.expected_epochs()}
+            "expected_epochs": plan.expected_epochs(), "code": code_version()}
     meta.update(extra)
     return meta
 

@@ -163,6 +163,17 @@ def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     return tuple(sorted(policy.defaults)) if policy is not None else ()
 
 
+def _knobs_on_by_default(algorithm: str) -> Tuple[str, ...]:
+    """Accepted knobs whose default is not None (off)."""
+    if algorithm not in PROJECT_STORES:
+        return ()
+    from ..stores.policies import POLICIES
+    from ..stores.allreduce.compressors import COMPRESSORS
+    policy = POLICIES.get(algorithm) or COMPRESSORS.get(algorithm)
+    return tuple(k for k, v in sorted(policy.defaults.items()) if v is not None) \
+        if policy is not None else ()
+
+
 def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     """The ``compression_params`` for the Trainer: the knobs the user set, plus the
     script's knob defaults that the algorithm accepts.
@@ -180,8 +191,11 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
         ok = ", ".join(KNOB_FLAGS[k][0] for k in accepted if k in KNOB_FLAGS)
         raise UsageError("%s not used by --algorithm %s (it accepts: %s)"
                          % (flags, args.algorithm, ok or "no knobs"))
+    # a script's knob default replaces the algorithm's own default, never switches on
+    # a knob that is off by default (BIT-SGD's ablation knobs)
+    in_use = _knobs_on_by_default(args.algorithm)
     params = {k: v for k, v in (getattr(args, "knob_defaults", None) or {}).items()
-              if k in accepted and v is not None}
+              if k in in_use and v is not None}
     params.update(user)
     for knob, value in user.items():
         try:

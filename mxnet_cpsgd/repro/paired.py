@@ -1,0 +1,141 @@
+"""Seed-paired comparisons: each run against the reference run of the same seed.
+
+Runs of one experiment, M and network that share a seed share their data order and
+initial weights, so the difference of their final accuracies is paired: its mean over
+seeds and a 95 % confidence interval (Student's t on the paired differences) say more
+than two means with their spreads.  The reference of a label is S-SGD at the same
+setting: ``SSGD`` for plain labels, ``SSGD-<suffix>`` for a label ending in
+``-<suffix>`` (e.g. ``k5-mom0`` against ``SSGD-mom0``) when such a group exists.
+"""
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .summary import Group
+
+#: two-sided 95 % quantiles of Student's t, by degrees of freedom (1..30)
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+       2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+       2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t95(df: int) -> float:
+    """Two-sided 95 % quantile of Student's t with ``df`` degrees of freedom (>= 1);
+    1.96 beyond the table."""
+    if df < 1:
+        raise ValueError("t95 needs df >= 1, got %r" % df)
+    return T95[df - 1] if df <= len(T95) else 1.96
+
+
+@dataclass
+class PairedDiff:
+    """Final accuracy of ``label`` minus ``reference``'s, per seed, in points."""
+    experiment: str
+    num_workers: int
+    rate: Optional[str]
+    label: str
+    reference: str
+    seeds: List[object]
+    diffs: List[float]          # percentage points, one per paired seed
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> Optional[float]:
+        return sum(self.diffs) / self.n if self.diffs else None
+
+    @property
+    def std(self) -> Optional[float]:
+        if self.n < 2:
+            return None
+        m = self.mean
+        return math.sqrt(sum((d - m) ** 2 for d in self.diffs) / (self.n - 1))
+
+    @property
+    def ci(self) -> Optional[Tuple[float, float]]:
+        """95 % confidence interval of the mean difference (None below 2 seeds)."""
+        if self.n < 2:
+            return None
+        half = t95(self.n - 1) * self.std / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    @property
+    def verdict(self) -> str:
+        """What the interval allows: 'below', 'above', 'not distinguishable' or,
+        with one seed, 'one seed: no interval'."""
+        ci = self.ci
+        if ci is None:
+            return "one seed: no interval"
+        if ci[1] < 0:
+            return "below"
+        if ci[0] > 0:
+            return "above"
+        return "not distinguishable"
+
+
+def reference_label(label: str, labels: Sequence[str], base: str = "SSGD") -> Optional[str]:
+    """The S-SGD label ``label`` is compared with (None for the base itself)."""
+    if label == base:
+        return None
+    parts = label.split("-")
+    for i in range(1, len(parts)):
+        candidate = "-".join([base] + parts[i:])
+        if candidate in labels and candidate != label:
+            return candidate
+    return base if base in labels else None
+
+
+def _final_by_seed(group: Group) -> Dict[object, float]:
+    out = {}
+    for s in group.runs:
+        if s.final_val_acc is not None:
+            out[s.run.meta.get("seed")] = float(s.final_val_acc)
+    return out
+
+
+def paired_differences(groups: Sequence[Group], base: str = "SSGD",
+                       also_base: bool = False) -> List[PairedDiff]:
+    """Every group's paired difference to its reference group (same experiment, M,
+    network), over the seeds both have; groups in their given order, S-SGD variants
+    included against ``base``.
+
+    Args:
+        groups: the report's groups.
+        base: the label of plain S-SGD.
+        also_base: a group whose reference is a variant (``SSGD-mom0``) is compared
+            with ``base`` too (a second row, after the first).
+    """
+    out = []
+    for g in groups:
+        same = [h for h in groups
+                if (h.experiment, h.num_workers, h.rate) == (g.experiment, g.num_workers,
+                                                             g.rate)]
+        labels = [h.label for h in same]
+        ref = reference_label(g.label, labels, base)
+        if ref is None or ref == g.label:
+            continue
+        refs = [ref]
+        if also_base and ref != base and base in labels:
+            refs.append(base)
+        for r in refs:
+            ref_group = next(h for h in same if h.label == r)
+            mine, theirs = _final_by_seed(g), _final_by_seed(ref_group)
+            seeds = sorted((s for s in mine if s in theirs), key=lambda s: (str(type(s)), s))
+            out.append(PairedDiff(g.experiment, g.num_workers, g.rate, g.label, r, seeds,
+                                  [100.0 * (mine[s] - theirs[s]) for s in seeds]))
+    return out
+
+
+def iteration_series(group: Group, name: str = "val_acc"):
+    """Per seed, ``[(cumulative iterations at the epoch's end, value)]``."""
+    out = []
+    for s in group.runs:
+        total, pts = 0.0, []
+        for p in s.series:
+            total += p.get("iterations") or 0.0
+            if p.get(name) is not None:
+                pts.append((total, float(p[name])))
+        out.append(pts)
+    return out

@@ -1,0 +1,144 @@
+"""Seed-paired differences and their figures in the report (fixed logs, no MXNet).
+
+The expected means and intervals are computed here from the fixture's numbers, with
+scipy's Student t quantile, independently of mxnet_cpsgd.repro.paired.
+"""
+import json
+import math
+import os
+
+import pytest
+
+from mxnet_cpsgd.repro import paired, report
+
+# label -> {seed: final val acc}; SSGD-mom0 is the reference of the -mom0 labels
+FINAL = {
+    "SSGD": {1: 0.880, 2: 0.884, 3: 0.878},
+    "k5": {1: 0.870, 2: 0.871, 3: 0.866},          # clearly below, 3 pairs
+    "BIT-wu": {1: 0.881, 2: 0.879, 3: 0.882},      # straddles 0
+    "local": {1: 0.500},                           # one seed
+    "SSGD-mom0": {1: 0.870, 2: 0.872},
+    "k5-mom0": {1: 0.874, 2: 0.877, 3: 0.9},       # seed 3 has no reference: 2 pairs
+}
+ALGORITHM = {"SSGD": "ssgd", "SSGD-mom0": "ssgd", "k5": "cpsgd", "k5-mom0": "cpsgd",
+             "BIT-wu": "bitsgd", "local": "cpsgd"}
+EPOCHS, ITERS = 3, 50
+
+
+def _write(root, label, seed, final, code=None):
+    d = os.path.join(root, "runs", "m2", "%s-M2-loopback-s%d" % (label, seed))
+    os.makedirs(d)
+    meta = {"run_id": "m2/%s-M2-loopback-s%d" % (label, seed), "experiment": "m2",
+            "label": label, "algorithm": ALGORITHM[label], "num_workers": 2, "rate": None,
+            "seed": seed, "knobs": {}, "status": "ok", "wall_time": 3.0}
+    if code is not None:
+        meta["code"] = code
+    with open(os.path.join(d, "run.json"), "w") as f:
+        json.dump(meta, f)
+    for rank in range(2):
+        name = "log.json" if rank == 0 else "log.rank%d.json" % rank
+        with open(os.path.join(d, name), "w") as f:
+            for e in range(EPOCHS):
+                acc = final - 0.05 * (EPOCHS - 1 - e)   # both ranks validate alike
+                f.write(json.dumps({"epoch": e, "rank": rank, "num_workers": 2,
+                                    "val_acc": acc, "train_loss": 1.0 / (e + 1),
+                                    "train_acc": acc, "epoch_time": 1.0, "comm_time": 0.5,
+                                    "iterations": ITERS}) + "\n")
+
+
+@pytest.fixture()
+def root(tmp_path):
+    r = str(tmp_path / "out")
+    for label, seeds in FINAL.items():
+        for seed, final in seeds.items():
+            _write(r, label, seed, final,
+                   code={"commit": "abcdef0123456789", "dirty": seed == 2})
+    return r
+
+
+def _expected(label, ref):
+    seeds = sorted(set(FINAL[label]) & set(FINAL[ref]))
+    d = [100 * (FINAL[label][s] - FINAL[ref][s]) for s in seeds]
+    n = len(d)
+    mean = sum(d) / n
+    if n < 2:
+        return seeds, mean, None
+    from scipy import stats
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return seeds, mean, (mean - half, mean + half)
+
+
+def test_reference_labels():
+    labels = ["SSGD", "SSGD-mom0", "k5", "BIT-wu-mom0"]
+    assert paired.reference_label("k5", labels) == "SSGD"
+    assert paired.reference_label("BIT-wu-mom0", labels) == "SSGD-mom0"
+    assert paired.reference_label("SSGD-mom0", labels) == "SSGD"
+    assert paired.reference_label("SSGD", labels) is None
+    assert paired.reference_label("k5", ["k5"]) is None
+
+
+def test_t95_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 4, 9, 30):
+        assert paired.t95(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+    with pytest.raises(ValueError):
+        paired.t95(0)
+
+
+def test_paired_differences_and_verdicts(root):
+    pytest.importorskip("scipy.stats")
+    rep = report.generate(root)
+    got = {d.label: d for d in paired.paired_differences(
+        report.group_runs([report.summarize_run(r) for r in report.load_runs(root)]))}
+    assert set(got) == {"k5", "BIT-wu", "local", "SSGD-mom0", "k5-mom0"}
+    for label, d in got.items():
+        seeds, mean, ci = _expected(label, d.reference)
+        assert d.seeds == seeds
+        assert d.mean == pytest.approx(mean, abs=1e-9)
+        if ci is None:
+            assert d.ci is None
+        else:
+            assert d.ci[0] == pytest.approx(ci[0], abs=1e-3)
+            assert d.ci[1] == pytest.approx(ci[1], abs=1e-3)
+    assert got["k5-mom0"].reference == "SSGD-mom0" and got["k5-mom0"].n == 2
+    assert got["k5"].verdict == "below"
+    assert got["BIT-wu"].verdict == "not distinguishable"
+    assert got["local"].verdict == "one seed: no interval"
+    assert got["k5-mom0"].verdict in ("above", "not distinguishable")
+    # with also_base, k5-mom0 (and only the -mom0 labels) also against SSGD, seeds 1-3
+    both = paired.paired_differences(
+        report.group_runs([report.summarize_run(r) for r in report.load_runs(root)]),
+        also_base=True)
+    extra = [(d.label, d.reference) for d in both
+             if (d.label, d.reference) not in {(x.label, x.reference) for x in got.values()}]
+    assert extra == [("k5-mom0", "SSGD")]
+    k5m = next(d for d in both if (d.label, d.reference) == ("k5-mom0", "SSGD"))
+    assert k5m.seeds == [1, 2, 3] and k5m.mean == pytest.approx(_expected("k5-mom0", "SSGD")[1])
+    assert "| m2 | 2 | loopback | k5-mom0 | SSGD | 3 |" in rep.markdown
+    # the report's table and figures
+    assert "## Seed-paired differences to S-SGD" in rep.markdown
+    line = next(l for l in rep.markdown.splitlines() if l.startswith("| m2 | 2 | loopback | k5 |"))
+    assert "%+.2f" % _expected("k5", "SSGD")[1] in line and "below" in line
+    for fname in ("accuracy-seeds-m2.png", "accuracy-all-m2.png", "paired-m2.png"):
+        assert fname in rep.figures and os.path.getsize(os.path.join(root, fname)) > 1000
+        assert "(%s)" % fname in rep.markdown
+    # provenance: the code commit of every run, dirty marked
+    assert "abcdef0123+dirty" in rep.markdown and "abcdef0123 |" in rep.markdown
+
+
+def test_iteration_series_is_cumulative(root):
+    runs = report.load_runs(root)
+    groups = report.group_runs([report.summarize_run(r) for r in runs])
+    g = next(g for g in groups if g.label == "SSGD")
+    series = paired.iteration_series(g)
+    assert len(series) == 3
+    for pts in series:
+        assert [x for x, _ in pts] == [ITERS * (e + 1) for e in range(EPOCHS)]
+
+
+def test_runs_without_code_say_na(tmp_path):
+    r = str(tmp_path)
+    _write(r, "SSGD", 1, 0.8)
+    rep = report.generate(r, plots=False)
+    assert "| n/a |" in rep.markdown
