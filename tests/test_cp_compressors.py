@@ -257,8 +257,7 @@ def test_bad_combinations_fail_before_the_first_step():
     assert code == 0, out[-4000:]
     for line in [
             "CONFIG ERROR cpsgd_topk: compression_params['threshold'] is not used by "
-            "kvstore 'cpsgd_topk'; it accepts: correction_period, correction_residual, "
-            "local_lr, local_momentum, local_optimizer, local_wd, ratio, warmup_steps",
+            "kvstore 'cpsgd_topk'; it accepts: correction_period, correction_residual",
             "compression_params['type'] is not used by kvstore 'cpsgd_topk'",
             "compression_params['ratio'] is not used by kvstore 'cpsgd_signsgd'",
             "CONFIG ERROR cpsgd_powersgd: compression_params['correction_period'] must be "

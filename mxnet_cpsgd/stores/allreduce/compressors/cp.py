@@ -29,6 +29,7 @@ exchange of the step before.
 import pickle
 
 import mxnet as mx
+import numpy as np
 
 from ...local_optimizer import LocalOptimizer
 from ...policies.base import Local, Payload, Pull, Push
@@ -111,6 +112,9 @@ class CPAllreduce(CompressedHorovod):
         """Opt_g: the Trainer's optimizer on W; Opt_l: the policy's local optimizer."""
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)
+        set_keys = getattr(self._policy, "set_keys", None)
+        if set_keys is not None:  # a policy whose schedule depends on the parameters
+            set_keys({i: int(np.prod(p.shape)) for i, p in optimizer.param_dict.items()})
         self._local = LocalOptimizer(optimizer, self.num_workers,
                                      **self._policy.local_settings(self.num_workers))
 
