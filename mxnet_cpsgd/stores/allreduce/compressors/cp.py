@@ -231,7 +231,10 @@ class CPAllreduce(CompressedHorovod):
             rounds += 1
             following = []
             for it in items:
-                sent.append((it.message.tensors, it.message.outputs))
+                # the slot's own buffer stays alive anyway; waiting on it later would
+                # wait for the writes of the step then being issued (its gradient copy)
+                sent.append([a for a in it.message.tensors + it.message.outputs
+                             if a is not it.slot.send])
                 if it.message.state.get("cp_dense"):
                     continue  # summed in place in send
                 result = self._compressor.decompress(it.key, it.message, it.step)
@@ -243,9 +246,9 @@ class CPAllreduce(CompressedHorovod):
             items = following
         # Horovod holds raw pointers to these arrays: keep them until the collectives
         # of two steps later are queued (by then they are complete: that step's
-        # forward waited for them through W)
-        for _, outputs in self._in_flight.get((slot, parity)) or ():
-            for a in outputs:
+        # forward waited for them through W, so the wait returns at once)
+        for arrays in self._in_flight.get((slot, parity)) or ():
+            for a in arrays:
                 a.wait_to_read()
         self._in_flight[(slot, parity)] = sent
 
