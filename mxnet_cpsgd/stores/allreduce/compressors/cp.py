@@ -39,6 +39,8 @@ from .message import ALLREDUCE, Message
 from .store import CompressedHorovod
 
 _STATES_FORMAT = "mxnet-cpsgd-cp-allreduce-states-1"
+#: steps whose collectives may be in flight together (Horovod names cycle through them)
+_IN_FLIGHT = 4
 #: knobs of the CP-SGD policy that belong to the 2-bit parameter-server store only
 _PS_ONLY = ("type", "threshold")
 
@@ -207,7 +209,7 @@ class CPAllreduce(CompressedHorovod):
                         it.slot.send += e.reshape(it.slot.send.shape)
                 it.message = Message([it.slot.send], ALLREDUCE, "dense",
                                      {"cp_dense": True})
-        self._exchange(items, slot, self._steps[items[0].key] % 2)
+        self._exchange(items, slot, self._steps[items[0].key] % _IN_FLIGHT)
         self._updater([it.key for it in items], [it.slot.send for it in items],
                       [it.slot.glob for it in items])
         for it in items:
@@ -221,8 +223,8 @@ class CPAllreduce(CompressedHorovod):
         """All rounds of ``items``' messages; each key's sum ends in its ``send``.
 
         ``slot``: the key, or ``'step'`` for a step's group; ``parity``: the step's
-        count modulo 2 (this step's collectives may still be in flight when the
-        next step's are queued, so their Horovod names differ).
+        count modulo :data:`_IN_FLIGHT` (earlier steps' collectives may still be in
+        flight when this step's are queued, so their Horovod names differ).
         """
         sent, rounds = [], 0
         while items:
@@ -245,8 +247,9 @@ class CPAllreduce(CompressedHorovod):
                     result.reshape(it.slot.send.shape).copyto(it.slot.send)
             items = following
         # Horovod holds raw pointers to these arrays: keep them until the collectives
-        # of two steps later are queued (by then they are complete: that step's
-        # forward waited for them through W, so the wait returns at once)
+        # of _IN_FLIGHT steps later are queued.  By then they are complete, so the
+        # wait returns at once: the loss of step t - 1 (which a training loop reads
+        # before it calls step t) needed W_{t-2}, i.e. the exchange of step t - 3.
         for arrays in self._in_flight.get((slot, parity)) or ():
             for a in arrays:
                 a.wait_to_read()
