@@ -142,7 +142,22 @@ class ACPSGDRef:
         return out.reshape(shape)
 
 
-RULES = {"signsgd": SignRef, "topk": TopKRef, "powersgd": PowerSGDRef, "acpsgd": ACPSGDRef}
+class FP16Ref:
+    """Half precision: every worker rounds g to float16; the sum is taken in float16
+    (each addition of two halves rounded to float16); no error memory."""
+
+    def __init__(self, workers, knobs):
+        self.e = [{} for _ in range(workers)]
+
+    def exchange(self, name, key, grads):
+        total = np.asarray(grads[0]).astype(np.float16)
+        for g in grads[1:]:
+            total = total + np.asarray(g).astype(np.float16)
+        return total.astype(np.float64)
+
+
+RULES = {"signsgd": SignRef, "topk": TopKRef, "powersgd": PowerSGDRef, "acpsgd": ACPSGDRef,
+         "fp16": FP16Ref}
 
 
 def simulate(algorithm, knobs, w0, grads, keys, sgd, workers=2):
@@ -171,3 +186,56 @@ def simulate(algorithm, knobs, w0, grads, keys, sgd, workers=2):
         w = new
         out.append(w)
     return out
+
+
+def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
+    """CP-SGD around ``compressor`` on all-reduce (docs/algorithms/cp-compressors.md).
+
+    Per step t (from 0) and parameter, with k = correction_period:
+
+    * t < warmup_steps: W <- Opt_g(W, sum_i g_i); every L_i <- W;
+    * otherwise L_i <- Opt_l_i(W, g_i) (W before this step's update) and
+      W <- Opt_g(W, x) with x = sum_i g_i when (t + 1) % k == 0 (the memories
+      untouched; with correction_residual 'fold': x = sum_i (g_i + e_i) and every
+      e_i emptied), else x = the compressor's exchange of the g_i (its memory,
+      factors and P/Q alternation move on these steps only).
+
+    Args:
+        grads: grads[t][i][name], worker i's gradient at its own weights L_i.
+        sgd: the Trainer's SGD (Opt_g, one state: W is the same everywhere).
+        local_sgds: one SGD per worker (Opt_l, own state each).
+
+    Returns:
+        (W, L): W[t] name -> global weights after t steps; L[t][i] worker i's.
+    """
+    knobs = dict(knobs or {})
+    period = knobs.pop("correction_period", 5)
+    warmup = knobs.pop("warmup_steps", 1000)
+    fold = knobs.pop("correction_residual", "carry") == "fold"
+    for k in ("local_lr", "local_momentum", "local_wd", "local_optimizer"):
+        knobs.pop(k, None)
+    rule = RULES[compressor](workers, knobs)
+    w = {n: np.array(a, np.float64) for n, a in w0.items()}
+    local = [dict(w) for _ in range(workers)]
+    out_w, out_l = [w], [local]
+    for t, step_grads in enumerate(grads):
+        new_w, new_l = {}, [{} for _ in range(workers)]
+        for name in w:
+            gs = [np.asarray(step_grads[i][name], np.float64) for i in range(workers)]
+            if t < warmup:
+                total = sum(gs)
+            elif (t + 1) % period == 0:
+                if fold:
+                    gs = [g + rule.e[i].pop(name, 0.0).reshape(g.shape)
+                          if name in rule.e[i] else g for i, g in enumerate(gs)]
+                total = sum(gs)
+            else:
+                total = rule.exchange(name, keys[name], gs)
+            new_w[name] = sgd.step(name, w[name], total)
+            for i in range(workers):
+                new_l[i][name] = (new_w[name] if t < warmup else
+                                  local_sgds[i].step(name, w[name], step_grads[i][name]))
+        w, local = new_w, new_l
+        out_w.append(w)
+        out_l.append(local)
+    return out_w, out_l

@@ -279,6 +279,9 @@ def store_defaults(cls) -> dict:
     policy = getattr(cls, "policy_class", None)
     if policy is not None:
         return dict(policy.defaults)
+    knob_defaults = getattr(cls, "knob_defaults", None)
+    if knob_defaults is not None:
+        return dict(knob_defaults())
     compressor = getattr(cls, "compressor_class", None)
     return dict(getattr(compressor, "defaults", None) or {})
 
@@ -343,8 +346,14 @@ def _main(args):
         knobs = {}
     elif is_allreduce(_any_store_class(args.algorithm)):
         # the store's constructor waits for the job's rendezvous (init_horovod)
-        knobs = _variant_knobs(args)
-        store = _any_store_class(args.algorithm)(knobs)
+        cls = _any_store_class(args.algorithm)
+        knobs = {}
+        if "correction_period" in store_defaults(cls):
+            # CP-SGD around a compressor: the bench-wide CP knobs, as for cpsgd
+            knobs = {"correction_period": args.correction_period,
+                     "warmup_steps": args.algo_warmup_steps}
+        knobs.update(_variant_knobs(args))
+        store = cls(knobs)
         barrier_kv = None
     else:
         knobs = _knobs(args.algorithm, args)

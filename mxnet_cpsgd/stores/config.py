@@ -112,6 +112,18 @@ def _choice(*choices):
     return check
 
 
+#: correction_residual values: what a correction step does with the error memory
+CORRECTION_RESIDUAL = ("carry", "fold")
+
+
+def _correction_residual(name, value):
+    if value not in CORRECTION_RESIDUAL:
+        raise ConfigError("%s must be 'carry' (the memory skips the dense step, as the "
+                          "2-bit store's residual) or 'fold' (the dense step sends gradient "
+                          "+ memory and empties it), got %r" % (name, value))
+    return value
+
+
 # knob -> (validator, meaning); the defaults live with each algorithm's policy
 KNOBS = {
     "type": (_compression_type, "compression type; only '2bit'"),
@@ -139,6 +151,9 @@ KNOBS = {
                  "the Trainer's)"),
     "ratio": (_ratio, "top-k: fraction of each tensor's elements sent, in (0, 1]"),
     "rank": (_int_at_least(1), "PowerSGD / ACP-SGD: rank of the low-rank approximation"),
+    "correction_residual": (_correction_residual,
+                            "CP-SGD on all-reduce: 'carry' (the error memory skips a "
+                            "correction step) or 'fold' (it is sent with it and emptied)"),
 }
 
 
@@ -177,6 +192,9 @@ class AlgorithmConfig:
             ``ssdsgd``: the Trainer's).
         ratio: fraction of each tensor's elements that ``topk`` sends, in (0, 1].
         rank: rank of the low-rank approximation (``powersgd``, ``acpsgd``), >= 1.
+        correction_residual: ``cpsgd_<compressor>`` stores: ``'carry'`` (default;
+            a correction step sends the plain gradient and leaves the error memory
+            alone) or ``'fold'`` (it sends gradient + memory and empties the memory).
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -192,6 +210,7 @@ class AlgorithmConfig:
     local_wd: Optional[float] = None
     ratio: Optional[float] = None
     rank: Optional[int] = None
+    correction_residual: Optional[str] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""

@@ -8,10 +8,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 
 # this project's stores (registered by ``import mxnet_cpsgd``)
-PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd", "horovod",
-                  "signsgd", "topk", "powersgd", "acpsgd")
+# the compressors of the all-reduce stores; each is a store, and CP-SGD around it is
+# the store cpsgd_<compressor>
+ALLREDUCE_COMPRESSORS = ("signsgd", "topk", "powersgd", "acpsgd", "fp16")
+CP_ALLREDUCE_STORES = tuple("cpsgd_" + c for c in ALLREDUCE_COMPRESSORS)
 # the stores that run on Horovod (horovodrun, no scheduler or servers)
-HOROVOD_STORES = ("horovod", "signsgd", "topk", "powersgd", "acpsgd")
+HOROVOD_STORES = ("horovod",) + ALLREDUCE_COMPRESSORS + CP_ALLREDUCE_STORES
+PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd",
+                  "localsgd") + HOROVOD_STORES
 # MXNet's own distributed stores, for comparison
 RAW_DIST_STORES = ("dist_sync", "dist_device_sync", "dist_async")
 ALGORITHMS = PROJECT_STORES + ("local",) + RAW_DIST_STORES
@@ -29,6 +33,7 @@ KNOB_FLAGS = {
     "local_wd": ("--local-wd", float),
     "ratio": ("--ratio", float),
     "rank": ("--rank", int),
+    "correction_residual": ("--correction-residual", str),
 }
 
 #: --lr-convention: what the servers apply the learning rate to, with M workers
@@ -158,9 +163,11 @@ def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     if algorithm not in PROJECT_STORES:
         return ()
     from ..stores.policies import POLICIES
-    from ..stores.allreduce.compressors import COMPRESSORS
-    policy = POLICIES.get(algorithm) or COMPRESSORS.get(algorithm)
-    return tuple(sorted(policy.defaults)) if policy is not None else ()
+    from ..stores.allreduce.compressors import STORES
+    if algorithm in POLICIES:
+        return tuple(sorted(POLICIES[algorithm].defaults))
+    store = STORES.get(algorithm)
+    return tuple(sorted(store.knob_defaults())) if store is not None else ()
 
 
 def _knobs_on_by_default(algorithm: str) -> Tuple[str, ...]:

@@ -4,7 +4,9 @@ Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
 ``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool,
 "freeze": [names with grad_req='null']}`` (with
 ``"api": true``: check the
-store's ``pushpull`` semantics directly instead of training, see :func:`check_api`).  For every run, in order, the
+store's ``pushpull`` semantics directly instead of training, see :func:`check_api`;
+``"resume_at": R``: after R steps save the Trainer's states, build the network and
+Trainer afresh, load the states and train on).  For every run, in order, the
 process builds the same small network (Conv2D -> tanh -> Dense -> tanh -> Dense,
 so it has 4-D, 2-D and 1-D parameters) from ``RandomState(SEED)`` (the same on
 every rank), trains it for ITERATIONS steps of ``trainer.step(BATCH)`` with SGD
@@ -14,7 +16,9 @@ there (summed over the batch, before ``pushpull``), plus the final weights.
 
 Output: ``OUT_DIR/<label>-rank<r>.npz`` with ``w:<param>`` of shape
 ``(ITERATIONS + 1, ...)``, ``g:<param>`` of shape ``(ITERATIONS, ...)`` and
-``keys``: the parameter names in the Trainer's key order.
+``keys``: the parameter names in the Trainer's key order; for the
+``cpsgd_<compressor>`` stores also ``W:<param>``, the store's global weights W
+after each step (index 0: the initial weights).
 """
 import json
 import os
@@ -49,24 +53,47 @@ def make_net():
     return net
 
 
-def train(run, rank, out_dir):
-    net = make_net()
+def _trainer(run, net):
     params = net.collect_params()
-    names = sorted(params)
     for name in run.get("freeze", ()):
         params[name].grad_req = "null"
     kvstore = run["kvstore"]
     if "group_per_step" in run:
         kvstore = mx.kv.create(kvstore)
         kvstore.group_per_step = run["group_per_step"]
-    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
-                            compression_params=run.get("knobs") or None)
+    return gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
+                         compression_params=run.get("knobs") or None)
+
+
+def _global_weights(trainer, names):
+    """The CP store's W of every parameter, by name."""
+    store = trainer._kvstore
+    return {p.name: store._slots[i].glob.asnumpy() for i, p in enumerate(trainer._params)
+            if p.name in names}
+
+
+def train(run, rank, out_dir):
+    net = make_net()
+    params = net.collect_params()
+    names = sorted(params)
+    trainer = _trainer(run, net)
+    cp = run["kvstore"].startswith("cpsgd_")
     rng = np.random.RandomState(1000 + rank)
     x = rng.randn(ITERATIONS, BATCH, *IN_SHAPE).astype(np.float32)
     y = rng.randn(ITERATIONS, BATCH, OUT).astype(np.float32)
     ws = {n: [] for n in names}
     gs = {n: [] for n in names}
+    globs = {n: [params[n].data().asnumpy()] for n in names} if cp else {}
     for t in range(ITERATIONS):
+        if t == run.get("resume_at"):
+            states = os.path.join(out_dir, "%s-rank%d.states" % (run["label"], rank))
+            trainer.save_states(states)
+            net = make_net()          # other weights until load_states restores them
+            for p in net.collect_params().values():
+                p.set_data(p.data() * 0 + 7)
+            params = net.collect_params()
+            trainer = _trainer(run, net)
+            trainer.load_states(states)
         for n in names:
             ws[n].append(params[n].data().asnumpy())
         with autograd.record():
@@ -76,13 +103,17 @@ def train(run, rank, out_dir):
             gs[n].append(params[n].grad().asnumpy() if params[n].grad_req != "null"
                          else np.zeros(params[n].shape, np.float32))
         trainer.step(BATCH)
+        if cp:
+            for n, w in _global_weights(trainer, names).items():
+                globs[n].append(w)
     mx.nd.waitall()
     for n in names:
         ws[n].append(params[n].data().asnumpy())
     store = trainer._kvstore
     assert store is not None and store.type == run["kvstore"], store
-    assert trainer._update_on_kvstore is False
+    assert trainer._update_on_kvstore is cp
     arrays = {"w:" + n: np.stack(ws[n]) for n in names}
+    arrays.update({"W:" + n: np.stack(globs[n]) for n in globs})
     # the Trainer's key of every parameter (its index in trainer._params)
     arrays["keys"] = np.array([p.name for p in trainer._params])
     arrays.update({"g:" + n: np.stack(gs[n]) for n in names})

@@ -37,6 +37,7 @@ class ACPSGD(Compressor):
 
     name = "acpsgd"
     defaults = {"rank": 4, "warmup_steps": 0}
+    state_attrs = ("_p", "_q")
 
     def __init__(self, config, num_workers):
         super().__init__(config, num_workers)

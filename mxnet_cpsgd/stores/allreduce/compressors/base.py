@@ -60,6 +60,9 @@ class Compressor:
     name = None
     #: knob -> default value: every knob the store accepts
     defaults = {}
+    #: attributes holding per-key NDArrays that a resumed run needs (low-rank
+    #: factors); the error-feedback memory is saved besides them
+    state_attrs = ()
 
     def __init__(self, config, num_workers):
         self.config = config
@@ -73,6 +76,22 @@ class Compressor:
     def decompress(self, key, message, step):
         """Sum over workers (an NDArray shaped like the gradient) or the next Message."""
         raise NotImplementedError
+
+    def get_states(self):
+        """Per-key state as numpy arrays: the error memory and :attr:`state_attrs`."""
+        state = {"memory": {k: v.asnumpy() for k, v in self.memory.items()}}
+        for attr in self.state_attrs:
+            state[attr] = {k: v.asnumpy() for k, v in getattr(self, attr).items()}
+        return state
+
+    def set_states(self, state, ctx):
+        """Restore what :meth:`get_states` returned (arrays created on ``ctx``)."""
+        self.memory.clear()
+        for k, v in state["memory"].items():
+            self.memory.store(k, mx.nd.array(v, ctx=ctx, dtype=v.dtype))
+        for attr in self.state_attrs:
+            setattr(self, attr, {k: mx.nd.array(v, ctx=ctx, dtype=v.dtype)
+                                 for k, v in state[attr].items()})
 
     # helpers for subclasses
     @staticmethod

@@ -36,3 +36,13 @@ class ErrorFeedback:
 
     def keys(self):
         return list(self._residual)
+
+    def items(self):
+        return list(self._residual.items())
+
+    def pop(self, key):
+        """Forget the residual of ``key`` (zero again); returns it or None."""
+        return self._residual.pop(key, None)
+
+    def clear(self):
+        self._residual = {}

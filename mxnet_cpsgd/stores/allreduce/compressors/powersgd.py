@@ -49,6 +49,7 @@ class PowerSGD(Compressor):
 
     name = "powersgd"
     defaults = {"rank": 4, "warmup_steps": 0}
+    state_attrs = ("_q",)
 
     def __init__(self, config, num_workers):
         super().__init__(config, num_workers)

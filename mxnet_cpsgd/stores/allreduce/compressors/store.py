@@ -54,11 +54,11 @@ class CompressedHorovod(_hvd_store.Horovod):
     group_per_step = True
 
     def __init__(self, config=None):
-        name = self.compressor_class.name
+        name = self.store_name()
         self._explicit = config_mod.store_knobs(name, config)
         # validate before importing Horovod: a bad knob fails without it
-        self._config = config_mod.resolve(name, self.compressor_class.defaults,
-                                          self._explicit, os.environ)
+        self._config = config_mod.resolve(name, self.knob_defaults(), self._explicit,
+                                          os.environ)
         try:
             hvd = _hvd_store._import_horovod()
         except ImportError as err:
@@ -69,15 +69,29 @@ class CompressedHorovod(_hvd_store.Horovod):
         self._prefix = "mxnet_cpsgd.%d" % _hvd_store._instances[0]
         _hvd_store._instances[0] += 1
         self._collectives = Collectives(hvd, self._prefix)
-        self._compressor = self.compressor_class(self._config, hvd.size())
+        self._configure()
         self._steps = {}
         self._in_flight = {}
         self._keys = set()
         self._pending = []
 
+    @classmethod
+    def store_name(cls):
+        """The registered name (``kvstore=``)."""
+        return cls.compressor_class.name
+
+    @classmethod
+    def knob_defaults(cls):
+        """knob -> default: every knob the store accepts."""
+        return cls.compressor_class.defaults
+
+    def _configure(self):
+        """Build the compressor from the resolved config (again when it changes)."""
+        self._compressor = self.compressor_class(self._config, self._hvd.size())
+
     @property
     def type(self):
-        return self.compressor_class.name
+        return self.store_name()
 
     @property
     def compressor(self):
@@ -91,9 +105,8 @@ class CompressedHorovod(_hvd_store.Horovod):
             raise RuntimeError("kvstore '%s': set compression_params before the first "
                                "pushpull" % self.type)
         merged = dict(self._explicit, **compression_params)
-        self._config = config_mod.resolve(self.type, self.compressor_class.defaults,
-                                          merged, os.environ)
-        self._compressor = self.compressor_class(self._config, self.num_workers)
+        self._config = config_mod.resolve(self.type, self.knob_defaults(), merged, os.environ)
+        self._configure()
 
     def pushpull(self, key, value, out=None, priority=0):
         """Sum over workers of the decoded compressed gradients into ``out``
