@@ -195,7 +195,9 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
 
     * t < warmup_steps: W <- Opt_g(W, sum_i g_i); every L_i <- W;
     * otherwise L_i <- Opt_l_i(W, g_i) (W before this step's update) and
-      W <- Opt_g(W, x) with x = sum_i g_i when (t + 1) % k == 0 (the memories
+      W <- Opt_g(W, x) with x = sum_i g_i when (t + 1 - phase) % k == 0 (phase 0
+      for every parameter, or with correction_schedule 'staggered' the
+      parameter's own phase from reference.staggered_phases; the memories
       untouched; with correction_residual 'fold': x = sum_i (g_i + e_i) and every
       e_i emptied), else x = the compressor's exchange of the g_i (its memory,
       factors and P/Q alternation move on these steps only).
@@ -212,6 +214,11 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
     period = knobs.pop("correction_period", 5)
     warmup = knobs.pop("warmup_steps", 1000)
     fold = knobs.pop("correction_residual", "carry") == "fold"
+    phase = {n: 0 for n in w0}
+    if knobs.pop("correction_schedule", "aligned") == "staggered":
+        # each parameter dense every period-th step at its own phase (tests/reference.py)
+        from reference import staggered_phases
+        phase = staggered_phases({n: w0[n] for n in sorted(w0, key=keys.get)}, period)
     for k in ("local_lr", "local_momentum", "local_wd", "local_optimizer"):
         knobs.pop(k, None)
     rule = RULES[compressor](workers, knobs)
@@ -224,7 +231,7 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
             gs = [np.asarray(step_grads[i][name], np.float64) for i in range(workers)]
             if t < warmup:
                 total = sum(gs)
-            elif (t + 1) % period == 0:
+            elif (t + 1 - phase[name]) % period == 0:
                 if fold:
                     gs = [g + rule.e[i].pop(name, 0.0).reshape(g.shape)
                           if name in rule.e[i] else g for i, g in enumerate(gs)]

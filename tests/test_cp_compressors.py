@@ -51,6 +51,8 @@ RUNS = [
     _cp("cp-signsgd", "signsgd"),
     _cp("cp-topk", "topk", ratio=0.1),
     _cp("cp-topk-fold", "topk", ratio=0.1, correction_residual="fold"),
+    # every parameter dense at its own phase: each step mixes dense and compressed keys
+    _cp("cp-topk-staggered", "topk", ratio=0.1, correction_schedule="staggered"),
     _cp("cp-powersgd", "powersgd", rank=2, warmup_steps=1, correction_period=4),
     _cp("cp-powersgd-fold", "powersgd", rank=2, correction_residual="fold"),
     _cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5),
@@ -67,8 +69,8 @@ RUNS = [
          resume_at=6),
     {"label": "fp16", "kvstore": "fp16", "knobs": {"warmup_steps": 1}},
 ]
-COMPRESSED = ["cp-signsgd", "cp-topk", "cp-topk-fold", "cp-powersgd", "cp-powersgd-fold",
-              "cp-acpsgd", "cp-fp16"]
+COMPRESSED = ["cp-signsgd", "cp-topk", "cp-topk-fold", "cp-topk-staggered", "cp-powersgd",
+              "cp-powersgd-fold", "cp-acpsgd", "cp-fp16"]
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +156,16 @@ def test_cp_store_matches_numpy_reference(job, label):
         dense_w, _ = _replay(run, ranks, "topk", dict(run["knobs"], ratio=1.0))
         assert any(not np.allclose(want_w[-1][n], dense_w[-1][n], rtol=1e-3, atol=1e-4)
                    for n in want_w[-1]), label
+
+
+def test_staggered_schedule_is_not_the_aligned_one(job):
+    """The staggered run's weights are not what the aligned rule gives from the
+    same gradients: the test above can tell the two schedules apart."""
+    run = next(r for r in RUNS if r["label"] == "cp-topk-staggered")
+    ranks = job(run["label"])
+    aligned_w, _ = _replay(run, ranks, knobs=dict(run["knobs"], correction_schedule="aligned"))
+    got = _arrays(ranks[0], "W:", ITERATIONS)
+    assert any(not np.allclose(got[n], aligned_w[-1][n], rtol=1e-3, atol=1e-4) for n in got)
 
 
 @pytest.mark.parametrize("label", [r["label"] for r in RUNS if r["kvstore"] != "fp16"])
