@@ -140,3 +140,33 @@ def listening(pid):
                 address = socket.inet_ntoa(struct.pack("<I", int(address, 16)))
             found.append((address, int(port, 16)))
     return found
+
+
+class TimedStream:
+    """A stream for ``run_job(stream=...)`` that remembers when each line was written."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, text):
+        for line in text.splitlines():
+            self.lines.append((time.monotonic(), line))
+
+    def flush(self):
+        pass
+
+    def time_of(self, needle):
+        """When the first line containing ``needle`` was written."""
+        return next(t for t, line in self.lines if needle in line)
+
+    def count(self, needle):
+        return sum(needle in line for _, line in self.lines)
+
+    def wait_for(self, needles, seconds):
+        """True once every needle is in some line, False after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if all(any(n in line for _, line in self.lines) for n in needles):
+                return True
+            time.sleep(0.05)
+        return False

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, marked_processes, pid_alive
+from procs import MARK_VAR, TimedStream, marked_processes, pid_alive
 
 from mxnet_cpsgd.launch import LaunchError, main, parse_env, run_job
 
@@ -87,23 +87,6 @@ while True:
 """
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(300)"
-
-
-class TimedStream:
-    """A stream that remembers when each line was written."""
-
-    def __init__(self):
-        self.lines = []
-
-    def write(self, text):
-        for line in text.splitlines():
-            self.lines.append((time.monotonic(), line))
-
-    def flush(self):
-        pass
-
-    def time_of(self, needle):
-        return next(t for t, line in self.lines if needle in line)
 
 
 def script(tmp_path, name, text):

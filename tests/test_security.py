@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, listening, marked_processes, processes_with_env
+from procs import MARK_VAR, TimedStream, listening, marked_processes, processes_with_env
 
 from mxnet_cpsgd.launch import run_job
 
@@ -59,21 +59,6 @@ def role_of(pid):
     except OSError:
         return None
     return env.get(b"DMLC_ROLE", b"").decode() or None
-
-
-class TimedStream:
-    def __init__(self):
-        self.lines = []
-
-    def write(self, text):
-        for line in text.splitlines():
-            self.lines.append((time.monotonic(), line))
-
-    def flush(self):
-        pass
-
-    def count(self, needle):
-        return sum(needle in line for _, line in self.lines)
 
 
 def start_job(tmp_path, mark):

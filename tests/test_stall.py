@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, marked_processes, processes_with_env
+from procs import MARK_VAR, TimedStream, marked_processes, processes_with_env
 
 from mxnet_cpsgd.launch import LaunchError, main, run_job
 
@@ -52,28 +52,6 @@ while True:
         while LOOP:
             pass
 """
-
-
-class TimedStream:
-    """A stream that remembers when each line was written."""
-
-    def __init__(self):
-        self.lines = []
-
-    def write(self, text):
-        for line in text.splitlines():
-            self.lines.append((time.monotonic(), line))
-
-    def flush(self):
-        pass
-
-    def wait_for(self, needles, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if all(any(n in line for _, line in self.lines) for n in needles):
-                return True
-            time.sleep(0.05)
-        return False
 
 
 def script(tmp_path, name, text):
