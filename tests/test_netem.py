@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from procs import MARK_VAR, marked_processes, pid_alive
@@ -70,8 +71,10 @@ conn.close()
 # Sets up a network, starts a sleeper inside node 0, reports both, then waits
 # for the signal the test sends.
 HOLDER = r"""
-import subprocess, sys, time
+import faulthandler, signal, subprocess, sys, time
 from mxnet_cpsgd.cluster import netem
+# the test asks for every thread's stack (SIGUSR1) if the teardown hangs
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 with netem.EmulatedNetwork(2, "100mbit") as net:
     sleeper = subprocess.Popen(net.nodes[0].wrap(["sleep", "300"]))
     print(net.name, sleeper.pid, flush=True)
@@ -393,16 +396,30 @@ def test_delay_needs_netem(network):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_cleanup_after_signal(tmp_path, signum):
     (tmp_path / "hold.py").write_text(HOLDER)
-    holder = subprocess.Popen([sys.executable, str(tmp_path / "hold.py")], cwd=REPO,
-                              env=dict(os.environ, PYTHONPATH=REPO),
-                              stdout=subprocess.PIPE, text=True)
+    err_path = tmp_path / "hold.err"
+    with open(err_path, "w") as err:
+        holder = subprocess.Popen([sys.executable, str(tmp_path / "hold.py")], cwd=REPO,
+                                  env=dict(os.environ, PYTHONPATH=REPO),
+                                  stdout=subprocess.PIPE, stderr=err, text=True)
     name, sleeper = None, None
     try:
         fields = holder.stdout.readline().split()
         name, sleeper = fields[0], int(fields[1])
         assert leftovers_of(name)
         holder.send_signal(signum)
-        assert holder.wait(timeout=60) != 0   # a hang guard (seen once > 15 s in CI)
+        # a hang guard (seen once > 15 s and once > 60 s, both times with other jobs
+        # creating and deleting namespaces): on a hang, say where the teardown waits
+        try:
+            code = holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            holder.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            children = subprocess.run(["ps", "-o", "pid,etime,args", "--ppid",
+                                       str(holder.pid)], capture_output=True, text=True)
+            pytest.fail("the network's teardown did not end within 60 s; its stacks:\n%s\n"
+                        "its children:\n%s" % (err_path.read_text()[-6000:],
+                                                children.stdout))
+        assert code != 0
         assert leftovers_of(name) == []
         assert not pid_alive(sleeper)
     finally:
