@@ -41,7 +41,8 @@ NOT_INSTALLABLE = {
 # Wheels whose libmxnet.so scripts/check_gpu_wheel.sh admitted: the compression
 # switch's instructions are the CPU wheel's, and the switch's test and the main job
 # pass on it.  The per-push switch of kvstore='cpsgd' refuses every other build.
-ADMITTED = ("mxnet", "mxnet-cu112")
+ADMITTED = ("mxnet", "mxnet-cu112", "mxnet-cu113", "mxnet-cu114", "mxnet-cu115",
+            "mxnet-cu116", "mxnet-cu117")
 
 
 def requirements(wheel):
