@@ -10,7 +10,7 @@ import mxnet as mx
 
 from mxnet_cpsgd.training import data
 from mxnet_cpsgd.training.data import DataError
-from mxnet_cpsgd.training.data.base import FASHION_MNIST_SYSTEM_DIR
+from mxnet_cpsgd.training.data.base import FASHION_MNIST_SYSTEM_DIR, MEAN_STD
 from mxnet_cpsgd.training.data.cifar import CIFAR10_FILES
 from mxnet_cpsgd.training.data.mnist import IDX_FILES
 
@@ -98,6 +98,34 @@ def test_mnist_5k_two_workers_disjoint_equal():
     assert not rows0 & rows1
     full = data.get_data("mnist-5k", 64, rank=1, num_workers=2, val_shard=False)[1]
     assert sum(len(l) for _, l in _batches(full)) == 1000
+
+
+@pytest.mark.parametrize("seed, workers", [(1, 2), (3, 4)])
+def test_holdout_split_is_fixed_and_never_trained_on(seed, workers):
+    """--val-split holdout: a fixed tenth of the training images, disjoint from every
+    worker's training shard, whatever the seed and worker count; the validation
+    images are not used."""
+    train_x = data.load_mnist_arrays("mnist-5k", None)[0]
+    held = data.holdout_indices(len(train_x))
+    assert len(held) == len(train_x) // 10
+    held_rows = {train_x[i].tobytes() for i in held}
+    val_rows = set()
+    for rank in range(workers):
+        t, v, info = data.get_data("mnist-5k", 16, rank=rank, num_workers=workers,
+                                   seed=seed, val_shard=False, holdout=True)
+        assert info.train_per_worker == (len(train_x) - len(held)) // workers // 16 * 16
+        # the loaders normalize; compare against the normalized held-out images
+        rows = {r.tobytes() for d, _ in _batches(v) for r in d.reshape(len(d), -1)}
+        assert len(rows) == len(held_rows)
+        val_rows |= rows
+        trained = {r.tobytes() for d, _ in _batches(t) for r in d.reshape(len(d), -1)}
+        assert not trained & rows
+    # every worker validates on exactly the held-out images
+    normalize = data.normalizer(*MEAN_STD["mnist-5k"])
+    expected = normalize(train_x[held], None)
+    assert val_rows == {r.tobytes() for r in expected.reshape(len(held), -1)}
+    with pytest.raises(ValueError):
+        data.holdout_indices(100, fraction=1.5)
 
 
 def _write_idx(path, array, gz):

@@ -139,7 +139,8 @@ def _run(args: argparse.Namespace, dataset: str, model_name: str, ctx: List[mx.C
         train_data, val_data, info = data_mod.get_data(
             dataset, args.batch_size, rank=rank, num_workers=num_workers,
             data_dir=args.data_dir, synthetic=args.synthetic, seed=args.seed,
-            val_shard=args.val_split == "shard", synthetic_batches=args.synthetic_batches,
+            val_shard=args.val_split == "shard", holdout=args.val_split == "holdout",
+            synthetic_batches=args.synthetic_batches,
             num_data_workers=args.num_data_workers,
             input_size=getattr(args, "input_size", 224))
     except data_mod.DataError as err:

@@ -95,9 +95,10 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
                    help="random tensors of the data set's shape instead of files")
     g.add_argument("--synthetic-batches", type=int, default=20,
                    help="training batches per epoch with --synthetic")
-    g.add_argument("--val-split", default="shard", choices=("shard", "full"),
-                   help="validate each worker on its own part of the validation set "
-                        "or on all of it")
+    g.add_argument("--val-split", default="shard", choices=("shard", "full", "holdout"),
+                   help="validate each worker on its own part of the validation set, "
+                        "on all of it, or ('holdout', for picking hyper-parameters) on "
+                        "a fixed tenth of the training set that is then not trained on")
     g.add_argument("-j", "--num-data-workers", type=int, default=4,
                    help="decoding threads (ImageNet RecordIO)")
 

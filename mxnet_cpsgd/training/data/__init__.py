@@ -34,7 +34,8 @@ from .base import MEAN_STD, MNIST_DATASETS, DataError, DatasetInfo, default_data
 from .cifar import check_cifar10, cifar_train_transform, load_cifar10_arrays
 from .imagenet import check_imagenet, imagenet_loaders
 from .loaders import (ArrayLoader, DataIterLoader, FixedLengthLoader, SyntheticLoader,
-                      check_batches, check_rank, normalizer, shard_indices, strided_indices)
+                      check_batches, check_rank, holdout_indices, normalizer, shard_indices,
+                      strided_indices)
 from .mnist import idx_paths, load_mnist_arrays, read_idx
 
 
@@ -79,7 +80,7 @@ def check_dataset(dataset: str, data_dir: Optional[str] = None,
 def get_data(dataset: str, batch_size: int, rank: int = 0, num_workers: int = 1,
              data_dir: Optional[str] = None, synthetic: bool = False, seed: int = 0,
              val_shard: bool = True, synthetic_batches: int = 20,
-             num_data_workers: int = 4, input_size: int = 224,
+             num_data_workers: int = 4, input_size: int = 224, holdout: bool = False,
              ) -> Tuple[object, object, DatasetInfo]:
     """Training and validation loaders of worker ``rank``.
 
@@ -98,6 +99,10 @@ def get_data(dataset: str, batch_size: int, rank: int = 0, num_workers: int = 1,
         synthetic_batches: training batches per epoch of synthetic data.
         num_data_workers: decoding threads for ImageNet RecordIO.
         input_size: ImageNet crop size.
+        holdout: validate on a fixed tenth of the training set
+            (:func:`holdout_indices`, the same for every seed and worker count) and
+            train on the rest; the validation set is not used.  For picking
+            hyper-parameters without looking at the validation data.
 
     Returns:
         ``(train_loader, val_loader, info)``; every worker's ``train_loader`` has
@@ -119,6 +124,9 @@ def get_data(dataset: str, batch_size: int, rank: int = 0, num_workers: int = 1,
                            train.num_samples * num_workers, val.num_samples * num_workers,
                            train.num_samples, val.num_samples)
         return train, val, info
+    if holdout and dataset == "imagenet":
+        raise DataError("a held-out split is implemented for the in-memory data sets "
+                        "only, not for ImageNet's RecordIO files")
     if dataset == "imagenet":
         return imagenet_loaders(data_dir, batch_size, rank, num_workers, seed, val_shard,
                          num_data_workers, input_size)
@@ -131,6 +139,11 @@ def get_data(dataset: str, batch_size: int, rank: int = 0, num_workers: int = 1,
         train_x, train_y, val_x, val_y = load_mnist_arrays(dataset, data_dir)
         mean, std = MEAN_STD[dataset]
         train_tf = normalizer(mean, std)
+    if holdout:
+        held = holdout_indices(len(train_x))
+        kept = np.setdiff1d(np.arange(len(train_x)), held)
+        val_x, val_y = train_x[held], train_y[held]
+        train_x, train_y = train_x[kept], train_y[kept]
     idx = shard_indices(len(train_x), rank, num_workers, seed=seed)
     check_batches(dataset, len(idx), batch_size, num_workers)
     val_idx = (strided_indices(len(val_x), rank, num_workers) if val_shard
@@ -147,4 +160,4 @@ __all__ = ["DataError", "DatasetInfo", "ArrayLoader", "SyntheticLoader",
            "FixedLengthLoader", "DataIterLoader", "shard_indices", "strided_indices",
            "read_idx", "load_mnist_arrays", "load_cifar10_arrays", "check_cifar10",
            "check_imagenet", "check_dataset", "dataset_info", "default_data_dir",
-           "get_data", "cifar_train_transform", "MNIST_DATASETS"]
+           "get_data", "holdout_indices", "cifar_train_transform", "MNIST_DATASETS"]

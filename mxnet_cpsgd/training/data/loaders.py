@@ -44,6 +44,19 @@ def strided_indices(num_samples: int, rank: int, num_workers: int) -> np.ndarray
     return np.arange(rank, num_samples, num_workers, dtype=np.int64)
 
 
+def holdout_indices(num_samples: int, fraction: float = 0.1) -> np.ndarray:
+    """The training samples held out for picking hyper-parameters: every
+    ``round(1 / fraction)``-th sample, starting at the last of the first stride.
+
+    Fixed (no seed): every run of a grid, whatever its seed or worker count, is
+    scored on the same samples, and none of them is trained on.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError("need 0 < fraction < 1, got %r" % (fraction,))
+    stride = int(round(1 / fraction))
+    return np.arange(stride - 1, num_samples, stride, dtype=np.int64)
+
+
 def check_rank(rank: int, num_workers: int) -> None:
     if num_workers < 1 or not 0 <= rank < num_workers:
         raise ValueError("need 0 <= rank < num_workers, got rank=%r num_workers=%r"
