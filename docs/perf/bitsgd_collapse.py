@@ -11,7 +11,7 @@ plus ``--diag-out DIR``::
 It trains exactly as scripts/train_mnist.py (same parser, same ``common.main``); the
 only additions are two wrappers installed in this process before training starts:
 
-- ``gluon.loss.SoftmaxCrossEntropyLoss`` is replaced by a subclass that keeps its last
+- ``gluon.loss.SoftmaxCrossEntropyLoss.forward`` is wrapped to keep its last
   output (the loss the loop computes before ``trainer.step``);
 - ``gluon.Trainer.step`` reads every gradient before the original step and the pulled
   weights after it (``asnumpy``: it waits for the pull, it changes no value).
@@ -195,15 +195,15 @@ class Recorder:
 
 
 def install(recorder):
-    base_loss = gluon.loss.SoftmaxCrossEntropyLoss
+    loss_class = gluon.loss.SoftmaxCrossEntropyLoss
+    orig_forward = loss_class.forward  # HybridBlock.forward, inherited
 
-    class KeepingLoss(base_loss):
-        def forward(self, *args, **kwargs):
-            out = super().forward(*args, **kwargs)
-            recorder.loss = out
-            return out
+    def forward(self, *args, **kwargs):
+        out = orig_forward(self, *args, **kwargs)
+        recorder.loss = out
+        return out
 
-    gluon.loss.SoftmaxCrossEntropyLoss = KeepingLoss
+    loss_class.forward = forward  # the class itself: gluon's super() calls name it
     orig = gluon.Trainer.step
 
     def step(self, batch_size, ignore_stale_grad=False):
