@@ -80,8 +80,8 @@ def main():
     ap.add_argument("--png", default=None)
     ap.add_argument("--step-batch", type=float, default=64.0,
                     help="the Trainer's step batch: the servers' rescale is its inverse")
-    ap.add_argument("--windows", default="350:370,370:380,380:400,400:450,450:550,"
-                                         "550:650,650:750,750:937")
+    ap.add_argument("--windows", default="350:370,370:380,380:400,400:440,440:500,"
+                                         "500:650,650:937")
     args = ap.parse_args()
     labels = [l for l in ("SSGD", "BIT-wu", "BIT-wu-mom0", "BIT-corr5", "SSGD-mom0")
               if os.path.isdir(os.path.join(args.dir, l))]
@@ -96,8 +96,9 @@ def main():
     windows = [tuple(int(x) for x in w.split(":")) for w in args.windows.split(",")]
 
     print("### Loss check against the report's runs (epoch 0, 937 iterations)\n")
-    print("| run | rank | train loss, this diagnostic | train loss, report log | equal |")
-    print("| :--- | ---: | ---: | ---: | :---: |")
+    print("| run | rank | train loss, this diagnostic | same command without the "
+          "diagnostic (DIR/plain-<run>/log.json) | report's log (reports/reproduction-3rd) |")
+    print("| :--- | ---: | ---: | ---: | ---: |")
     for label, ranks in runs.items():
         for r, recs in enumerate(ranks):
             if len(recs) < 937:
@@ -110,13 +111,17 @@ def main():
             mine = loss / count
             log = os.path.join(args.report_runs, "%s-M2-loopback-s%d" % (label, args.seed),
                                "log.json" if r == 0 else "log.rank%d.json" % r)
-            ref = None
-            if os.path.exists(log):
-                with open(log) as f:
-                    first = json.loads(f.readline())
-                ref = first["train_loss"]
-            print("| %s | %d | %r | %r | %s |" % (label, r, mine, ref,
-                                                "yes" if ref == mine else "NO"))
+            plain = os.path.join(args.dir, "plain-" + label,
+                                 "log.json" if r == 0 else "log.rank%d.json" % r)
+            cells = []
+            for path in (plain, log):
+                if os.path.exists(path):
+                    with open(path) as f:
+                        ref = json.loads(f.readline())["train_loss"]
+                    cells.append("%r (%s)" % (ref, "equal" if ref == mine else "differs"))
+                else:
+                    cells.append("not run")
+            print("| %s | %d | %r | %s |" % (label, r, mine, " | ".join(cells)))
     print()
 
     print("### Training loss per window (mean per sample, both workers)\n")
@@ -128,6 +133,20 @@ def main():
             tot = sum(rec["loss"] for recs in ranks for rec in recs[a:b])
             n = sum(rec["n"] for recs in ranks for rec in recs[a:b])
             cells.append("%.3f" % (tot / n) if n else "-")
+        print("| %s | %s |" % (label, " | ".join(cells)))
+    print()
+
+    print("### Training loss per 10 iterations around the switch (mean per sample, both "
+          "workers)\n")
+    starts = list(range(350, 520, 10))
+    print("| run | " + " | ".join("%d-" % a for a in starts) + " |")
+    print("| :--- |" + " ---: |" * len(starts))
+    for label, ranks in runs.items():
+        cells = []
+        for a in starts:
+            tot = sum(rec["loss"] for recs in ranks for rec in recs[a:a + 10])
+            n = sum(rec["n"] for recs in ranks for rec in recs[a:a + 10])
+            cells.append("%.2f" % (tot / n) if n else "-")
         print("| %s | %s |" % (label, " | ".join(cells)))
     print()
 
@@ -157,51 +176,66 @@ def main():
         print()
 
     if args.png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        colors = {"SSGD": "tab:blue", "BIT-wu": "tab:red", "BIT-wu-mom0": "tab:green",
-                  "BIT-corr5": "tab:orange", "SSGD-mom0": "tab:cyan"}
-        rows = (("upd", "||W_{t+1}-W_t||"), ("g", "||g|| (raw sum)"),
-                ("res", "||2-bit residual||"), ("push", "||push||"))
-        fig, axes = plt.subplots(len(rows) + 1, len(LAYERS), figsize=(20, 16),
-                                 sharex=True)
-        for label, ranks in runs.items():
-            recs = ranks[0]
-            t = np.array([rec["t"] for rec in recs])
-            loss = np.array([np.mean([rr[i]["loss"] / rr[i]["n"] for rr in ranks
-                                      if i < len(rr)]) for i in range(len(recs))])
-            for j in range(len(LAYERS)):
-                ax = axes[0, j]
+        plot(args.png, runs, layered)
+
+
+def smooth(x, n=10):
+    """Trailing mean over n iterations (the first n - 1 points: over what there is)."""
+    c = np.cumsum(np.insert(np.asarray(x, float), 0, 0.0))
+    out = np.empty(len(x))
+    for i in range(len(x)):
+        lo = max(0, i + 1 - n)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out
+
+
+def plot(png, runs, layered):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = {"SSGD": "tab:blue", "BIT-wu": "tab:red", "BIT-wu-mom0": "tab:green",
+              "BIT-corr5": "tab:orange", "SSGD-mom0": "tab:cyan"}
+    rows = (("upd", "||W_{t+1} - W_t||"), ("g", "||g|| (raw batch sum)"),
+            ("res", "||2-bit residual||"),
+            ("gain", "||W_{t+1}-W_t|| / (lr ||push|| / 64)"))
+    fig = plt.figure(figsize=(20, 17))
+    grid = fig.add_gridspec(len(rows) + 1, len(LAYERS))
+    top = fig.add_subplot(grid[0, :])
+    axes = [[fig.add_subplot(grid[i, j]) for j in range(len(LAYERS))]
+            for i in range(1, len(rows) + 1)]
+    for label, ranks in runs.items():
+        recs = ranks[0]
+        t = np.array([rec["t"] for rec in recs])
+        loss = np.array([np.mean([rr[i]["loss"] / rr[i]["n"] for rr in ranks
+                                  if i < len(rr)]) for i in range(len(recs))])
+        top.plot(t, smooth(loss), color=colors[label], lw=1.0, label=label)
+        for i, (qty, name) in enumerate(rows):
+            if qty == "res" and not label.startswith("BIT"):
+                continue
+            for j, layer in enumerate(LAYERS):
+                ax = axes[i][j]
+                y = layered[label][layer][qty]
+                ax.plot(t, y if qty == "res" else smooth(y), color=colors[label], lw=0.8,
+                        label=label)
+                ax.set_yscale("log")
+                if i == 0:
+                    ax.set_title(layer)
                 if j == 0:
-                    ax.plot(t, loss, color=colors[label], lw=0.6, label=label)
-                    ax.set_ylabel("training loss (batch, mean of workers)")
-                else:
-                    ax.axis("off")
-            for i, (qty, name) in enumerate(rows, start=1):
-                if qty == "res" and not label.startswith("BIT"):
-                    continue
-                for j, layer in enumerate(LAYERS):
-                    ax = axes[i, j]
-                    ax.plot(t, layered[label][layer][qty], color=colors[label], lw=0.6,
-                            label=label)
-                    ax.set_yscale("log")
-                    if i == 1:
-                        ax.set_title(layer)
-                    if j == 0:
-                        ax.set_ylabel(name)
-        for ax in axes.ravel():
-            if ax.axison:
-                ax.axvline(370, color="k", lw=0.8, ls=":")
-        for ax in axes[-1]:
-            ax.set_xlabel("iteration t")
-        axes[0, 0].legend(loc="upper right", fontsize=8)
-        axes[1, 0].legend(loc="lower left", fontsize=7)
-        fig.suptitle("LeNet-5 / Fashion-MNIST, M = 2, seed 1, lr 0.05 cosine, tau 0.5, "
-                     "warm-up 370 (dotted): rank 0, per layer (weight and bias)")
-        fig.tight_layout()
-        fig.savefig(args.png, dpi=80)
-        print("wrote %s" % args.png)
+                    ax.set_ylabel(name)
+    top.set_ylabel("training loss (batch mean, both workers)")
+    top.legend(loc="upper right")
+    for ax in [top] + [a for row in axes for a in row]:
+        ax.axvline(370, color="k", lw=0.8, ls=":")
+        ax.grid(True, which="major", alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("iteration t")
+    fig.suptitle("LeNet-5 / Fashion-MNIST, M = 2 workers + 1 server, seed 1, lr 0.05 cosine "
+                 "(mean convention), tau 0.5, dense warm-up until t = 370 (dotted). Rank 0, "
+                 "per layer (weight and bias); trailing 10-iteration means except the "
+                 "residual")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(png, dpi=72)
+    print("wrote %s" % png)
 
 
 if __name__ == "__main__":
