@@ -57,6 +57,8 @@ def per_layer(records, step_batch):
         # pushes the residual holds (tau = 0.5 in every run here)
         size = sum(v for n, v in SIZES.items() if n.startswith(layer + "_"))
         out[layer]["backlog"] = out[layer]["res"] / math.sqrt(size) / 0.5
+        # tau relative to the RMS gradient element of the layer
+        out[layer]["tau_rel"] = 0.5 / (out[layer]["g"] / math.sqrt(size))
         # the applied update relative to the step this worker's push alone would make
         # without momentum (lr_t x rescale x ||push||): at most M / (1 - mu) when both
         # workers push the same values every iteration
@@ -152,6 +154,7 @@ def main():
 
     layered = {label: per_layer(ranks[0], args.step_batch) for label, ranks in runs.items()}
     for qty, title in (("g", "gradient as pushed, ||g|| (raw batch sum, rank 0)"),
+                       ("tau_rel", "tau / RMS gradient element (rank 0)"),
                        ("push", "what rank 0 pushes, ||push|| (g when dense)"),
                        ("cos", "cosine(push, g), rank 0"),
                        ("sent", "fraction of elements sent as +-tau, rank 0"),
@@ -170,7 +173,7 @@ def main():
             for layer in LAYERS:
                 arr = lay[layer][qty]
                 fmt = "%.3f" if qty in ("cos", "sent", "big") else \
-                    "%.2f" if qty == "gain" else "%.3g"
+                    "%.2f" if qty in ("gain", "tau_rel") else "%.3g"
                 cells = [fmt % arr[a:b].mean() if len(arr[a:b]) else "-" for a, b in windows]
                 print("| %s | %s | %s |" % (label, layer, " | ".join(cells)))
         print()
