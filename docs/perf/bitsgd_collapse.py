@@ -34,7 +34,7 @@ parameter (one store key each; LeNet-5 has no chunked parameter):
 - ``cos``: cosine between the push and ``g``;
 - ``upd``: L2 norm of ``W_{t+1} - W_t`` (the weights pulled after iteration t minus
   those of the iteration before; at t = 0 the weights read before the first step);
-  with the servers' SGD this is the servers' momentum buffer itself;
+  with the servers' SGD at momentum > 0 this is the servers' momentum buffer itself;
 - ``w``: L2 norm of ``W_{t+1}``;
 plus ``loss`` (the sum of the batch's per-sample losses, as the loop adds it, and
 ``n`` the batch size), ``lr`` (the schedule at update t + 1) and ``dense``.
@@ -42,7 +42,10 @@ plus ``loss`` (the sum of the batch's per-sample losses, as the loop adds it, an
 With ``--diag-save-window A:B`` it also saves, for t in [A, B), the flat 2-bit output
 (or dense push) and the pulled weights to ``DIR/window.rank<r>.npz``, so that
 ``bitsgd_collapse_check.py`` can check the replica against what the servers applied.
-Nothing here is imported by the library.
+Which iterations are compressed comes from the store's resolved knobs (threshold,
+warm-up, correction period) for ``--algorithm bitsgd``; every other algorithm is
+recorded as dense (the replica is meant for bitsgd and ssgd, whose workers' weights are
+the pulled global weights).  Nothing here is imported by the library.
 """
 import json
 import os
