@@ -58,11 +58,17 @@ def per_layer(records, step_batch):
         size = sum(v for n, v in SIZES.items() if n.startswith(layer + "_"))
         out[layer]["backlog"] = out[layer]["res"] / math.sqrt(size) / 0.5
         # tau relative to the RMS gradient element of the layer
-        out[layer]["tau_rel"] = 0.5 / (out[layer]["g"] / math.sqrt(size))
+        g = out[layer]["g"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[layer]["tau_rel"] = np.where(g > 0, 0.5 / (g / math.sqrt(size)), np.nan)
         # the applied update relative to the step this worker's push alone would make
         # without momentum (lr_t x rescale x ||push||): at most M / (1 - mu) when both
         # workers push the same values every iteration
-        out[layer]["gain"] = out[layer]["upd"] / (lr * out[layer]["push"] / step_batch)
+        # (nan where nothing was pushed, e.g. a layer whose gradient is 0: dead ReLUs)
+        push = out[layer]["push"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[layer]["gain"] = np.where(push > 0, out[layer]["upd"] / (lr * push / step_batch),
+                                          np.nan)
     return out
 
 
@@ -174,7 +180,9 @@ def main():
                 arr = lay[layer][qty]
                 fmt = "%.3f" if qty in ("cos", "sent", "big") else \
                     "%.2f" if qty in ("gain", "tau_rel") else "%.3g"
-                cells = [fmt % arr[a:b].mean() if len(arr[a:b]) else "-" for a, b in windows]
+                cells = [fmt % np.nanmean(arr[a:b])
+                         if len(arr[a:b]) and not np.isnan(arr[a:b]).all() else "-"
+                         for a, b in windows]
                 print("| %s | %s | %s |" % (label, layer, " | ".join(cells)))
         print()
 
