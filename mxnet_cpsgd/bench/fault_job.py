@@ -3,10 +3,11 @@ running ``scripts/train_mnist.py`` with checkpoints, on this machine or on
 emulated hosts over ssh, its output read line by line with the time each line
 arrived.
 
-The rank-0 worker logs every iteration (``--log-interval 1``: ``[Epoch e Batch
-b]``, iteration ``e * batches_per_epoch + b``); the launcher logs each restart
-(``cpsgd-launch: restart n of N``) and the restarted worker the checkpoint it
-resumed from (``resumed from ...: epoch e, iteration i``).  :class:`JobRun`
+The rank-0 worker (whichever worker index ps-lite made rank 0) logs every
+iteration (``--log-interval 1``: ``[Epoch e Batch b]``, iteration
+``e * batches_per_epoch + b``); the launcher logs each restart (``cpsgd-launch:
+restart n of N``) and the restarted rank 0 the checkpoint it resumed from
+(``resumed from ...: epoch e, iteration i``).  :class:`JobRun`
 turns these lines into the events the campaign measures.
 """
 import os
@@ -25,11 +26,11 @@ TRAIN_SCRIPT = os.path.join(REPO, "scripts", "train_mnist.py")
 NODE_ENV = ("OMP_NUM_THREADS=1", "MXNET_CPU_WORKER_NTHREADS=1")
 
 _BATCHES = re.compile(r"batches/epoch=(\d+)")
-_ITER = re.compile(r"^\[worker 0(?: on [\d.]+)?\] .*\[Epoch (\d+) Batch (\d+)\]")
+_ITER = re.compile(r"^\[worker \d+(?: on [\d.]+)?\] .*\[Epoch (\d+) Batch (\d+)\]")
 _RESTART = re.compile(r"^cpsgd-launch: restart (\d+) of \d+")
 _RESUMED = re.compile(r"resumed from \S+: epoch \d+, iteration (\d+)")
 _FRESH = re.compile(r"restart \d+: no complete checkpoint in")
-_DONE = re.compile(r"^\[worker 0(?: on [\d.]+)?\] .*done: (\d+) iterations, final val=([\d.]+)")
+_DONE = re.compile(r"^\[worker \d+(?: on [\d.]+)?\] .*done: (\d+) iterations, final val=([\d.]+)")
 
 
 @dataclass
