@@ -35,6 +35,7 @@ def summarize(configs: List[Dict]) -> Dict:
     return {
         "faults_injected": len(faults),
         "faults_recovered": len(recovered),
+        "recovered_without_restart": sum(1 for f in recovered if f["restart"] is None),
         "faults_not_injected": sum(1 for c in configs for f in c["faults"]
                                    if f["injected_s"] is None),
         "jobs": len(configs),
@@ -88,6 +89,9 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
                  _fmt(summary["fault_to_training_max_s"]), summary["steps_recomputed_total"],
                  _fmt(summary["steps_recomputed_median"]), _fmt(summary["steps_recomputed_max"])),
              ""]
+    if summary["recovered_without_restart"]:
+        lines += ["Recovered without a restart (the job went on when the link came back): "
+                  "%d." % summary["recovered_without_restart"], ""]
     if summary["faults_not_injected"]:
         lines += ["Faults planned but not injected: %d (see the rows)." %
                   summary["faults_not_injected"], ""]
@@ -123,7 +127,7 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
                 _fmt(f["injected_s"]), _fmt(f["iteration_at_fault"]), _fmt(f["restart"]),
                 _fmt(f["resumed_from"]), _fmt(f["last_iteration_before_restart"]),
                 _fmt(f["fault_to_training_s"]), _fmt(f["steps_recomputed"]),
-                "yes" if f["recovered"] else "no" + (" (%s)" % f["note"] if f["note"] else "")))
+                ("yes" if f["recovered"] else "no") + (" (%s)" % f["note"] if f["note"] else "")))
     return "\n".join(lines) + "\n"
 
 

@@ -258,9 +258,16 @@ class Campaign:
         return True
 
     def _await_recovery(self, job: JobRun, record: FaultRecord) -> None:
+        """Wait for the restart, the resume and the first new iteration.  A link
+        that comes back before the launcher noticed it (the 4x allowance of a
+        checkpoint or an evaluation in progress) may be survived without a
+        restart: then training going on past the fault's iteration after the
+        link is up again, with no restart for a stall timeout more, counts."""
         at = job.started + record.injected_s
         deadline = at + RECOVERY_LIMIT_S
-        restart = resumed = progressed = None
+        link_up = at + self.args.link_down_factor * self.args.stall_timeout \
+            if record.kind == "link-down" else None
+        restart = resumed = progressed = survived = None
         while time.monotonic() < deadline:
             restart = restart or job.restart_after(at)
             if restart and not resumed:
@@ -269,9 +276,21 @@ class Campaign:
                 progressed = job.progressed_after(resumed[0], resumed[1])
                 if progressed:
                     break
+            if not restart and link_up is not None and time.monotonic() > link_up:
+                went_on = job.progressed_after(link_up, record.iteration_at_fault or 0)
+                if went_on and time.monotonic() > went_on[0] + self.args.stall_timeout:
+                    survived = went_on
+                    break
             if not job.running:
                 break
             time.sleep(0.1)
+        if survived:
+            record.training_again_s = survived[0] - job.started
+            record.fault_to_training_s = round(survived[0] - at, 3)
+            record.steps_recomputed = 0
+            record.recovered = True
+            record.note = "no restart: training went on when the link came back"
+            return
         if restart:
             record.restart = restart[1]
             record.detected_s = restart[0] - job.started
