@@ -85,6 +85,7 @@ class ConfigResult:
     val_acc: Dict[str, Optional[float]] = field(default_factory=dict)
     comparison: Dict[str, object] = field(default_factory=dict)
     leftovers: List[str] = field(default_factory=list)
+    marks: Dict[str, str] = field(default_factory=dict)   # run -> CPSGD_FAULT_MARK
 
 
 def load_params(path: str) -> Dict[str, np.ndarray]:
@@ -162,6 +163,7 @@ class Campaign:
         return JobRun(argv, os.path.join(run_dir, "launcher.log")), mark
 
     def _finish(self, job: JobRun, mark: str, result: ConfigResult, name: str):
+        result.marks[name] = mark
         code = job.wait(self.args.job_timeout)
         if code is None:
             result.leftovers.append("%s: launcher still running after %g s, killed"
