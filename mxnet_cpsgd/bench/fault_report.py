@@ -20,6 +20,9 @@ def summarize(configs: List[Dict]) -> Dict:
     faults = [f for c in configs for f in c["faults"] if f["injected_s"] is not None]
     recovered = [f for f in faults if f["recovered"]]
     times = [f["fault_to_training_s"] for f in recovered]
+    detected = [f["detected_s"] - f["injected_s"] for f in recovered if f["detected_s"] is not None]
+    after_restart = [f["training_again_s"] - f["detected_s"] for f in recovered
+                     if f["detected_s"] is not None]
     steps = [f["steps_recomputed"] for f in recovered]
     per_kind = {}
     for kind in sorted({f["kind"] for f in faults}):
@@ -42,6 +45,10 @@ def summarize(configs: List[Dict]) -> Dict:
         "jobs_recovered": len(jobs_ok),
         "fault_to_training_median_s": _median(times),
         "fault_to_training_max_s": max(times, default=None),
+        "fault_to_restart_median_s": _median(detected),
+        "fault_to_restart_max_s": max(detected, default=None),
+        "restart_to_training_median_s": _median(after_restart),
+        "restart_to_training_max_s": max(after_restart, default=None),
         "steps_recomputed_total": sum(steps),
         "steps_recomputed_median": _median(steps),
         "steps_recomputed_max": max(steps, default=None),
@@ -89,6 +96,12 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
                  _fmt(summary["fault_to_training_max_s"]), summary["steps_recomputed_total"],
                  _fmt(summary["steps_recomputed_median"]), _fmt(summary["steps_recomputed_max"])),
              ""]
+    lines += ["Fault to the launcher's restart line (detection and teardown): median %s s, "
+              "max %s s; restart line to training again (start, resume): median %s s, "
+              "max %s s." % (_fmt(summary["fault_to_restart_median_s"]),
+                             _fmt(summary["fault_to_restart_max_s"]),
+                             _fmt(summary["restart_to_training_median_s"]),
+                             _fmt(summary["restart_to_training_max_s"])), ""]
     if summary["recovered_without_restart"]:
         lines += ["Recovered without a restart (the job went on when the link came back): "
                   "%d." % summary["recovered_without_restart"], ""]
@@ -118,14 +131,18 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
         lines += _comparison_rows(c)
     lines += ["", "## Every fault", "",
               "| config | # | kind | target | injected (s) | iteration | restart | resumed "
-              "from | last iteration before restart | fault to training (s) | steps "
-              "recomputed | recovered |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "from | last iteration before restart | restart line (s after fault) | fault to "
+              "training (s) | steps recomputed | recovered |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in configs:
         for f in c["faults"]:
-            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            detected = None if f["detected_s"] is None or f["injected_s"] is None \
+                else f["detected_s"] - f["injected_s"]
+            lines.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 c["config"], f["index"], f["kind"], f["target"] or "-",
                 _fmt(f["injected_s"]), _fmt(f["iteration_at_fault"]), _fmt(f["restart"]),
                 _fmt(f["resumed_from"]), _fmt(f["last_iteration_before_restart"]),
+                _fmt(detected),
                 _fmt(f["fault_to_training_s"]), _fmt(f["steps_recomputed"]),
                 ("yes" if f["recovered"] else "no") + (" (%s)" % f["note"] if f["note"] else "")))
     return "\n".join(lines) + "\n"
@@ -142,3 +159,16 @@ def write(out: str, configs: List[Dict], settings: Dict, started: float,
     with open(os.path.join(out, MARKDOWN), "w") as f:
         f.write(markdown(configs, settings, summary, started, ended))
     return summary
+
+
+def rewrite(out: str) -> Dict:
+    """Write ``faults-campaign.md`` again from ``faults-campaign.json`` in ``out``
+    (and the JSON's summary); returns the summary."""
+    with open(os.path.join(out, JSON)) as f:
+        data = json.load(f)
+    return write(out, data["configs"], data["settings"], data["started"], data["ended"])
+
+
+if __name__ == "__main__":  # python -m mxnet_cpsgd.bench.fault_report DIR
+    import sys
+    rewrite(sys.argv[1])
