@@ -1,0 +1,93 @@
+"""The short version of the fault campaign (python -m mxnet_cpsgd.bench.faults;
+docs/perf/faults-campaign-results.md has the full one).
+
+A real 2-worker ssgd job (LeNet-5, mnist-5k, 1 server, this machine) under
+cpsgd-launch --max-restarts, checkpoints every 10 iterations, gets three faults
+of different kinds from the seeded injector, one at a time while it trains:
+SIGKILL of a worker, SIGSTOP of the server (only the stall timeout can notice
+it), SIGKILL of the scheduler.  Every fault must be followed by a restart, a
+resume from a checkpoint and new iterations; the job must end with exit 0 and
+its final weights must equal, bit for bit, those of an uninterrupted run of the
+same seed.  Nothing of either job may be left.  No timing is asserted (the
+machine is shared); the figures are printed.
+"""
+import json
+import subprocess
+
+import pytest
+
+from mxnet_cpsgd.bench import fault_report
+from mxnet_cpsgd.bench.fault_injector import job_processes, plan_kinds
+from mxnet_cpsgd.bench.faults import main, parse_args
+
+try:  # a generous per-test bound where pytest-timeout is installed
+    import pytest_timeout  # noqa: F401
+    pytestmark = [pytest.mark.timeout(600)]
+except ImportError:
+    pytestmark = []
+
+KINDS = ["kill-worker", "stop-server", "kill-scheduler"]
+
+
+def _netns():
+    try:
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    except OSError:
+        return set()
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_plan_covers_every_kind_once_and_is_seeded():
+    import random
+    kinds = ["kill-worker", "stop-server", "drop-ssh", "link-down"]
+    local = plan_kinds(random.Random(1), 2, kinds, on_hosts=False)
+    assert sorted(local) == ["kill-worker", "stop-server"]
+    hosts = plan_kinds(random.Random(1), 2, kinds, on_hosts=True)
+    assert sorted(hosts) == ["drop-ssh", "link-down"]  # the host kinds come first
+    assert plan_kinds(random.Random(3), 7, kinds, True) == \
+        plan_kinds(random.Random(3), 7, kinds, True)
+    assert set(plan_kinds(random.Random(3), 7, kinds, True)) == set(kinds)
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--kinds", "kill-everything"])
+
+
+def test_short_campaign_recovers_every_fault_bit_identically(tmp_path, capsys):
+    namespaces = _netns()
+    out = tmp_path / "campaign"
+    code = main(["--out", str(out), "--configs", "ssgd-local", "--kinds", ",".join(KINDS),
+                 "--faults-per-job", "3", "--iters", "300", "--checkpoint-every", "10",
+                 "--stall-timeout", "4", "--min-delay", "1", "--max-delay", "3",
+                 "--end-margin", "60"])
+    printed = capsys.readouterr().out
+    with open(out / fault_report.JSON) as f:
+        report = json.load(f)
+    (config,) = report["configs"]
+    faults = config["faults"]
+    print("\n".join("%s -> %s at iteration %s: training again after %s s, %s steps recomputed"
+                    % (f["kind"], f["target"], f["iteration_at_fault"],
+                       f["fault_to_training_s"], f["steps_recomputed"]) for f in faults))
+    assert code == 0, printed[-4000:]
+    assert sorted(f["kind"] for f in faults) == sorted(KINDS), faults
+    for f in faults:
+        assert f["recovered"], f
+        assert f["restart"] is not None and f["resumed_from"] is not None, f
+        assert f["steps_recomputed"] >= 0 and f["fault_to_training_s"] > 0, f
+    assert [f["restart"] for f in faults] == [1, 2, 3]
+    assert config["exit_code"] == 0 and config["restarts"] == 3
+    assert config["final_iterations"] == {"reference": 300, "faulted": 300}
+    cmp = config["comparison"]["faulted_vs_reference"]
+    assert cmp["bit_identical"] and cmp["max_abs_diff"] == 0.0, cmp
+    assert config["val_acc"]["faulted"] == config["val_acc"]["reference"]
+    summary = report["summary"]
+    assert summary["faults_injected"] == summary["faults_recovered"] == 3
+    assert summary["jobs_recovered"] == 1
+    assert config["leftovers"] == []
+    assert "| ssgd-local | faulted_vs_reference | yes |" in \
+        (out / fault_report.MARKDOWN).read_text()
+    # the teardown: no process of either run, no namespace made by them
+    for run in ("reference", "faulted"):
+        with open(out / "ssgd-local" / run / "launcher.log") as f:
+            assert "job finished successfully" in f.read()
+    for run, mark in config["marks"].items():
+        assert job_processes(mark) == [], "processes of the %s run left" % run
+    assert _netns() <= namespaces
