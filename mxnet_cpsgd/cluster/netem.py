@@ -6,21 +6,17 @@ namespace by a veth pair, with both directions of its link shaped by
 what it receives) and, when a delay is given, a ``netem`` delay on the
 namespace end, so that the one-way delay between any two nodes is DELAY.
 
-Queue discipline (``queue``): ``'fifo'`` (the default) queues every packet a link
-direction has to send in one FIFO (tbf's, 400 ms of traffic deep); ``'fair'``
-shares the rate between the TCP flows instead, as a Linux host's default
-fq_codel does: an HTB class at the rate with :data:`FAIR_BUCKETS` leaf classes
-that split the link by deficit round robin, each TCP packet hashed to a leaf by
-its destination port.  With one FIFO the flows of one link take turns (a burst
-of one flow holds back the others behind it); a parameter server's pushes and
-pulls share every host's link, so the queue changes what the stores measure
-(docs/perf/colocated-2-4-workers.md).  This kernel has neither fq_codel nor sfq, hence htb+u32.
+Queue discipline (``queue``): ``'fifo'`` (default) queues what a link direction sends in
+one FIFO (tbf's, 400 ms deep); ``'fair'`` shares the rate between TCP flows, as a host's
+fq_codel does: an HTB class at the rate with :data:`FAIR_BUCKETS` leaves (deficit round
+robin, packets hashed to a leaf by destination port; this kernel has neither fq_codel nor
+sfq).  With one FIFO a burst of one flow holds back the others on its link, which changes
+what the parameter-server stores measure (docs/perf/colocated-2-4-workers.md).
 
-Nodes get addresses 198.18.0.10, 198.18.0.11, ... from 198.18.0.0/15 (the
-range reserved for benchmarks).  The bridge gets no address: nodes talk to
-each other at layer 2 only, so the root namespace's routing table is never
-touched and several jobs can use the same addresses at once on their own
-bridges.
+Nodes get addresses 198.18.0.10, .11, ... from 198.18.0.0/15 (reserved for
+benchmarks).  The bridge gets no address: nodes talk at layer 2 only, so the root
+namespace's routing table is never touched and several jobs can use the same
+addresses at once on their own bridges.  Parsing the settings: :mod:`.netspec`.
 
 Every namespace and link gets the job's unique name prefix ``cpsgd`` + five
 hex digits; :meth:`EmulatedNetwork.close` removes exactly those (and kills any
@@ -53,6 +49,10 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+# the settings' parsing lives in netspec; re-exported, these stay this module's names
+from .netspec import (QUEUES, NetemError, NetworkSpec, _check_queue,  # noqa: F401
+                      dilate_spec, parse_delay, parse_rate, parse_spec, parse_time_scale)
+
 #: every name this module creates starts with this prefix + five hex digits
 NAME_PREFIX = "cpsgd"
 _NAME_RE = re.compile(r"^%s[0-9a-f]{5}" % NAME_PREFIX)
@@ -61,163 +61,12 @@ _PREFIX_LEN = 16  # 198.18.0.0/16, inside the reserved 198.18.0.0/15
 #: interface names are at most 15 bytes: 10 (job) + 1 + up to 4 digits
 MAX_NODES = 1000
 
-_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
-_DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
-_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-#: the queue disciplines a link can have (see the module docstring)
-QUEUES = ("fifo", "fair")
 #: leaf classes of a 'fair' link; two flows share one with probability 1/64
 FAIR_BUCKETS = 64
 
 # Networks that are set up and not yet closed, for the atexit/signal cleanup.
 _LIVE: Set["EmulatedNetwork"] = set()
 _LIVE_LOCK = threading.Lock()
-
-
-class NetemError(RuntimeError):
-    """Network emulation is unavailable, misconfigured, or a command failed."""
-
-
-@dataclass(frozen=True)
-class NetworkSpec:
-    """A parsed ``RATE[,DELAY][,QUEUE]`` setting.
-
-    Args:
-        rate: rate in tc syntax, e.g. ``'100mbit'``.
-        rate_bps: the rate in bits per second.
-        delay: one-way delay in tc syntax (e.g. ``'0.2ms'``) or None.
-        delay_s: the delay in seconds (0 when None).
-        queue: ``'fifo'`` or ``'fair'`` (see the module docstring).
-    """
-    rate: str
-    rate_bps: float
-    delay: Optional[str] = None
-    delay_s: float = 0.0
-    queue: str = "fifo"
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second of a tc rate such as ``'100mbit'`` (SI units, as tc).
-
-    Args:
-        text: the rate; units bit, kbit, mbit, gbit or tbit.
-
-    Raises:
-        NetemError: malformed or non-positive rate.
-    """
-    match = _RATE_RE.match(text.strip().lower())
-    if not match or float(match.group(1)) <= 0:
-        raise NetemError("bad rate %r: expected a positive number with unit "
-                         "bit, kbit, mbit, gbit or tbit, e.g. 100mbit" % text)
-    return float(match.group(1)) * _RATE_UNITS[match.group(2)]
-
-
-def parse_delay(text: str) -> float:
-    """Seconds of a tc time such as ``'0.2ms'``.
-
-    Args:
-        text: the delay; units us, ms or s.
-
-    Raises:
-        NetemError: malformed or negative delay.
-    """
-    match = _DELAY_RE.match(text.strip().lower())
-    if not match:
-        raise NetemError("bad delay %r: expected a number with unit us, ms "
-                         "or s, e.g. 0.2ms" % text)
-    return float(match.group(1)) * _DELAY_UNITS[match.group(2)]
-
-
-def parse_spec(text: str) -> NetworkSpec:
-    """Parse the launcher's ``--emulate-network RATE[,DELAY][,QUEUE]`` value.
-
-    Args:
-        text: e.g. ``'100mbit'``, ``'1gbit,0.2ms'`` or ``'50mbit,fair'``; QUEUE is
-            ``fifo`` (the default) or ``fair``.
-
-    Raises:
-        NetemError: with a message naming the expected syntax.
-    """
-    parts = [part.strip().lower() for part in text.split(",")]
-    queue = "fifo"
-    if len(parts) > 1 and parts[-1] in QUEUES:
-        queue = parts.pop()
-    if len(parts) not in (1, 2) or not parts[0]:
-        raise NetemError("bad --emulate-network value %r: expected RATE[,DELAY][,QUEUE] "
-                         "with QUEUE fifo or fair, e.g. 100mbit, 1gbit,0.2ms or 50mbit,fair"
-                         % text)
-    rate_bps = parse_rate(parts[0])
-    delay = parts[1] if len(parts) == 2 else None
-    spec = NetworkSpec(parts[0], rate_bps, delay, parse_delay(delay) if delay else 0.0, queue)
-    _check_queue(spec.queue, spec.rate, spec.delay)
-    return spec
-
-
-def parse_time_scale(text) -> float:
-    """A time-dilation factor D (``--time-scale``): a finite number >= 1.
-
-    Args:
-        text: the factor as given (a string or a number).
-
-    Raises:
-        NetemError: not a number, not finite, or below 1.
-    """
-    try:
-        scale = float(text)
-    except (TypeError, ValueError):
-        raise NetemError("bad time scale %r: expected a number >= 1, e.g. 10" % (text,)) \
-            from None
-    if not math.isfinite(scale) or scale < 1:
-        raise NetemError("bad time scale %r: expected a number >= 1 (1 = real time; "
-                         "D > 1 slows links and compute down D times)" % (text,))
-    return scale
-
-
-def _format_number(value: float) -> str:
-    # plain decimals (the rate and delay syntax has no exponents)
-    return ("%.6f" % value).rstrip("0").rstrip(".")
-
-
-def dilate_spec(text: str, scale: float) -> str:
-    """The ``RATE[,DELAY][,QUEUE]`` value of a network ``scale`` times slower:
-    the rate divided by ``scale``, the delay multiplied by it (time-dilated
-    emulation: the ratio of transfer time to compute stays the same when the
-    compute is slowed down by the same factor).
-
-    Args:
-        text: a ``--emulate-network`` value, e.g. ``'100mbit,0.2ms'``.
-        scale: the dilation factor D >= 1 (:func:`parse_time_scale`).
-
-    Returns:
-        e.g. ``'10000000bit,2ms'`` for D = 10; ``text`` itself for D = 1.
-
-    Raises:
-        NetemError: a bad value or factor.
-    """
-    spec = parse_spec(text)
-    scale = parse_time_scale(scale)
-    if scale == 1:
-        return text
-    # whole bits per second: tc's own resolution
-    parts = ["%dbit" % max(1, round(spec.rate_bps / scale))]
-    if spec.delay:
-        parts.append("%sus" % _format_number(spec.delay_s * 1e6 * scale))
-    if spec.queue != "fifo":
-        parts.append(spec.queue)
-    return ",".join(parts)
-
-
-def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
-    if queue not in QUEUES:
-        raise NetemError("bad queue %r: expected one of %s" % (queue, ", ".join(QUEUES)))
-    if queue == "fair" and not rate:
-        raise NetemError("queue 'fair' shares a rate between flows: give a rate")
-    if queue == "fair" and delay:
-        # netem's child would be the htb tree; not built (this kernel has no netem to
-        # test it on)
-        raise NetemError("queue 'fair' with a delay is not supported; give RATE,fair "
-                         "or RATE,DELAY")
 
 
 def check_available() -> None:
