@@ -56,8 +56,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import numpy as np  # noqa: E402
-import mxnet as mx  # noqa: E402
 from mxnet import gluon  # noqa: E402
+# asnumpy retried once MKL-DNN's layout made it fail: the store's own helper
+from mxnet_cpsgd.stores.parameter_server import _to_numpy  # noqa: E402
 
 
 def _pop_flag(argv, flag, default=None):
@@ -67,17 +68,6 @@ def _pop_flag(argv, flag, default=None):
         del argv[i:i + 2]
         return value
     return default
-
-
-def _to_numpy(array, tries=3):
-    """``asnumpy`` retried once MKL-DNN's layout made it fail (as the store does)."""
-    for attempt in range(tries):
-        try:
-            return array.asnumpy()
-        except mx.base.MXNetError as err:
-            if "MKLDNN" not in str(err) or attempt == tries - 1:
-                raise
-            mx.nd.waitall()
 
 
 def _value_after(argv, flag, cast, default):

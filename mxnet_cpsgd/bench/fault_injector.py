@@ -102,18 +102,8 @@ class Node:
 
 def job_processes(mark: str) -> List[int]:
     """pids of the live (not zombie) processes that carry the job's mark."""
-    needle = "%s=%s" % (MARK_ENV, mark)
-    found = []
-    for pid in _pids():
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                if needle.encode() not in f.read().split(b"\0"):
-                    continue
-        except OSError:
-            continue
-        if _state(pid) not in (None, "Z"):
-            found.append(pid)
-    return found
+    return [pid for pid in _pids()
+            if _environ(pid).get(MARK_ENV) == mark and _state(pid) not in (None, "Z")]
 
 
 def job_nodes(mark: str) -> List[Node]:
