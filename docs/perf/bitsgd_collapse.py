@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-iteration, per-layer norms of a real distributed LeNet-5 job (issue 22, part 4).
+"""Per-iteration, per-layer norms of a real distributed LeNet-5 job.
 
 Run it as the workers' command of the launcher, with scripts/train_mnist.py's flags
 plus ``--diag-out DIR``::
