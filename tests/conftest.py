@@ -30,6 +30,10 @@ WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
 #: one thread per node keeps jobs small on a shared 2-core machine
 JOB_ENV = {"OMP_NUM_THREADS": "1"}
 TAG_VAR = "CPSGD_TEST_JOB"
+#: every process the suite starts skips MXNet's optional imports (see its docstring)
+LEAN_SITE = os.path.join(TESTS_DIR, "lean_site")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (LEAN_SITE, os.environ.get("PYTHONPATH")) if p)
 
 
 def _cmdline(pid):

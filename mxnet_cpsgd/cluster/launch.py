@@ -7,8 +7,8 @@ Usage::
         [--port PORT] [--env KEY=VALUE ...]
         [--emulate-network RATE[,DELAY][,QUEUE]] [--log-dir DIR] -- COMMAND ARGS...
 
-Servers and the scheduler run ``python -c "import mxnet"`` (importing MXNet in
-a process whose DMLC_ROLE is server or scheduler runs that node); workers run
+Servers and the scheduler run ``python -c "...; import mxnet"`` (importing MXNet
+in a process whose DMLC_ROLE is server or scheduler runs that node); workers run
 COMMAND.  Every output line is printed with the node's name in front
 (``[worker 0] ...``).  The launcher watches every node: the job fails as soon
 as any node exits non-zero or by a signal, a server or the scheduler exits

@@ -5,8 +5,9 @@ import sys
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from mxnet_cpsgd.cluster import netem
-from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, WORKER_DEFAULTS, WORKER_INDEX_ENV,
-                                       LaunchError, Node, with_worker_site)
+from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, PS_NODE_CODE, WORKER_DEFAULTS,
+                                       WORKER_INDEX_ENV, LaunchError, Node,
+                                       with_worker_site)
 
 #: placements of a job's nodes on emulated hosts (namespaces)
 PLACEMENTS = ("separate", "colocated")
@@ -97,10 +98,14 @@ def build_local_nodes(command: List[str], num_workers: int, num_servers: int,
                     # on loopback only, unless it has an emulated host of its own
                     "--bind", "0.0.0.0" if network is not None else "127.0.0.1"]
         else:
-            argv = [sys.executable, "-c", "import mxnet"]
+            argv = [sys.executable, "-c", PS_NODE_CODE]
         if network is not None:
             argv = network.nodes[hosts[position]].wrap(argv)
-        nodes.append(Node(role, index, argv, node_env))
+        node = Node(role, index, argv, node_env)
+        if role == "rendezvous" and network is None:
+            # Horovod's Gloo client aborts a worker after a few refused requests
+            node.serves = ("127.0.0.1", port)
+        nodes.append(node)
     return nodes
 
 

@@ -6,8 +6,9 @@ import time
 from typing import Callable, List, Mapping, Optional, Tuple
 
 from mxnet_cpsgd.cluster import ssh
-from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, TERM_GRACE_S, WORKER_DEFAULTS,
-                                       WORKER_INDEX_ENV, Node, free_port, with_worker_site)
+from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, PS_NODE_CODE, TERM_GRACE_S,
+                                       WORKER_DEFAULTS, WORKER_INDEX_ENV, Node, free_port,
+                                       with_worker_site)
 
 
 def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
@@ -41,7 +42,7 @@ def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
             dmlc[WORKER_INDEX_ENV] = str(index)
             argv = list(command)
         else:
-            argv = [cluster.python, "-c", "import mxnet"]
+            argv = [cluster.python, "-c", PS_NODE_CODE]
         if host is None:  # the scheduler on the launching machine
             node_env = dict(os.environ)
             node_env.update(NODE_DEFAULTS)

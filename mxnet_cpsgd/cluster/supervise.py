@@ -10,6 +10,7 @@ import atexit
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -192,11 +193,25 @@ class Job:
             node.proc = subprocess.Popen(
                 node.argv, env=node.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+            if node.serves is not None:
+                self._wait_serving(node)
         announce()
         for node in self.nodes:
             node.reader = self.out.reader(node)
             if isinstance(node.proc, ssh.RemoteProcess):
                 node.proc.start_reader()
+
+    def _wait_serving(self, node: Node) -> None:
+        """Wait (at most ``timeout`` s) until ``node`` accepts connections at
+        ``node.serves``, or exits; the monitor reports an exit, and the nodes
+        started next say themselves what they could not reach."""
+        deadline = time.monotonic() + self.timeout
+        while node.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                socket.create_connection(node.serves, timeout=1.0).close()
+                return
+            except OSError:
+                time.sleep(0.05)
 
     def _poll(self, node: Node) -> bool:
         """Whether the node has exited (records its returncode)."""
