@@ -256,3 +256,51 @@ def test_cli_rejects_bad_input(capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err
     assert "cpsgd-launch: error:" in err
+
+
+# A service that listens only after a second and a half, and a worker that tries
+# it once, at its start: it can only succeed if the launcher waited for the service.
+SLOW_SERVICE = r"""
+import socket, sys, time
+time.sleep(1.5)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(8)
+while True:
+    s.accept()[0].close()
+"""
+CONNECT_ONCE = r"""
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).close()
+except OSError as err:
+    sys.exit("service not up when the worker started: %s" % err)
+print("connected at start", flush=True)
+"""
+
+
+def test_workers_start_once_the_served_node_accepts(tmp_path, mark):
+    """A node with ``serves`` (the rendezvous service of an all-reduce job) is
+    waited for before the nodes after it start."""
+    from mxnet_cpsgd.cluster.nodes import Node, free_port
+    from mxnet_cpsgd.cluster.supervise import Job, Output
+    port = free_port()
+    env = dict(os.environ, **{MARK_VAR: mark})
+    service = Node("rendezvous", 0, [sys.executable, "-c", SLOW_SERVICE, str(port)], env,
+                   serves=("127.0.0.1", port))
+    workers = [Node("worker", i, [sys.executable, "-c", CONNECT_ONCE, str(port)], env)
+               for i in range(2)]
+    job = Job([service] + workers, Output(None, None), timeout=20, job_timeout=60)
+    started = time.monotonic()
+    try:
+        job.start(lambda: None)
+        waited = time.monotonic() - started
+        code, failure = job.monitor()
+    finally:
+        job.teardown()
+    text = "\n".join(job.out.lines)
+    assert (code, failure) == (0, None), text
+    assert text.count("connected at start") == 2, text
+    assert waited >= 1.0, waited
+    assert marked_processes(mark) == []
