@@ -75,6 +75,9 @@ import faulthandler, signal, subprocess, sys, time
 from mxnet_cpsgd.cluster import netem
 # the test asks for every thread's stack (SIGUSR1) if the teardown hangs
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+# Python's own SIGINT handling, also where the suite was started in the background
+# (a shell's '&' starts its jobs with SIGINT ignored, and Python keeps it so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 with netem.EmulatedNetwork(2, "100mbit") as net:
     sleeper = subprocess.Popen(net.nodes[0].wrap(["sleep", "300"]))
     print(net.name, sleeper.pid, flush=True)
