@@ -170,3 +170,9 @@ class TimedStream:
                 return True
             time.sleep(0.05)
         return False
+
+
+def repo_pythonpath(repo):
+    """PYTHONPATH for a process that must import this checkout: ``repo`` first, then
+    this process's own (tests/lean_site, put there by conftest.py)."""
+    return os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)

@@ -12,7 +12,7 @@ import uuid
 
 import numpy as np
 import pytest
-from procs import kill_all, processes_with_env
+from procs import kill_all, processes_with_env, repo_pythonpath
 
 from mxnet_cpsgd.training.checkpoint import check_complete, newest_complete
 
@@ -31,7 +31,7 @@ def _cmd(ckpt, log, *extra, algorithm="local"):
 
 
 def _env(**extra):
-    env = dict(os.environ, **NODE_ENV, PYTHONPATH=REPO)
+    env = dict(os.environ, **NODE_ENV, PYTHONPATH=repo_pythonpath(REPO))
     for name in ("MXNET_CPSGD_PROGRESS", "MXNET_CPSGD_RESTART"):
         env.pop(name, None)
     env.update(extra)

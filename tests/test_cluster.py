@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, kill_all, listening, marked_processes
+from procs import MARK_VAR, kill_all, listening, marked_processes, repo_pythonpath
 
 from mxnet_cpsgd.cluster import hosts as emulated
 
@@ -75,7 +75,7 @@ class Launcher:
     """cpsgd-launch -H running on the emulated launching machine."""
 
     def __init__(self, hosts, mark, args, command, cwd=REPO):
-        env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+        env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark})
         argv = [sys.executable, "-m", "mxnet_cpsgd.launch", "-H", hosts.hostfile,
                 "--ssh-config", hosts.ssh_config, "--env", MARK_VAR + "=" + mark] \
             + ["--env=" + e for e in NODE_ENV] + list(args) + ["--"] + list(command)
@@ -445,7 +445,7 @@ def test_mxnet_tools_launch_over_ssh(make_hosts, mark, worker_job, tmp_path):
     command = "%s=%s PYTHONPATH=%s OMP_NUM_THREADS=1 MXNET_CPU_WORKER_NTHREADS=1 %s %s \"%s\"" % (
         MARK_VAR, mark, REPO, sys.executable, os.path.join(HERE, "workers", "record_weights.py"),
         spec.replace('"', '\\"'))
-    env = dict(os.environ, PYTHONPATH=REPO, PATH="%s:%s" % (bindir, os.environ["PATH"]),
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), PATH="%s:%s" % (bindir, os.environ["PATH"]),
                **{MARK_VAR: mark})
     log = tmp_path / "launch.log"  # a file: processes it leaves could hold a pipe open
     with open(log, "w") as f:

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, TimedStream, marked_processes, pid_alive
+from procs import MARK_VAR, TimedStream, marked_processes, pid_alive, repo_pythonpath
 
 from mxnet_cpsgd.launch import LaunchError, main, parse_env, run_job
 
@@ -182,7 +182,7 @@ def _read_until(proc, needles, seconds):
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_to_launcher_tears_down(mark, signum, code):
-    env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark})
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1", "--timeout", "10",
          "--", sys.executable, "-c", SLEEPER],

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, marked_processes, pid_alive
+from procs import MARK_VAR, marked_processes, pid_alive, repo_pythonpath
 
 from mxnet_cpsgd.cluster import netem
 from mxnet_cpsgd.launch import run_job
@@ -402,7 +402,7 @@ def test_cleanup_after_signal(tmp_path, signum):
     err_path = tmp_path / "hold.err"
     with open(err_path, "w") as err:
         holder = subprocess.Popen([sys.executable, str(tmp_path / "hold.py")], cwd=REPO,
-                                  env=dict(os.environ, PYTHONPATH=REPO),
+                                  env=dict(os.environ, PYTHONPATH=repo_pythonpath(REPO)),
                                   stdout=subprocess.PIPE, stderr=err, text=True)
     name, sleeper = None, None
     try:
@@ -470,7 +470,7 @@ def test_failed_job_under_emulation_cleans_up(mark):
 
 @needs_netns
 def test_interrupted_launcher_under_emulation_cleans_up(mark):
-    env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark})
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1", "--timeout", "10",
          "--emulate-network", "100mbit", "--", sys.executable, "-c", SLEEPER],

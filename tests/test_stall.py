@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from procs import MARK_VAR, TimedStream, marked_processes, processes_with_env
+from procs import MARK_VAR, TimedStream, marked_processes, processes_with_env, repo_pythonpath
 
 from mxnet_cpsgd.launch import LaunchError, main, run_job
 
@@ -61,7 +61,7 @@ def script(tmp_path, name, text):
 
 
 def node_env(mark, **extra):
-    env = dict(NODE_ENV, PYTHONPATH=REPO, **extra)
+    env = dict(NODE_ENV, PYTHONPATH=repo_pythonpath(REPO), **extra)
     env[MARK_VAR] = mark
     return env
 
@@ -346,7 +346,7 @@ def test_stopped_launcher_raises_no_false_alarm(tmp_path, mark):
     watch for a stall (the reports wait unread in the pipes)."""
     import subprocess
     (tmp_path / "steady.py").write_text(STEADY)
-    env = dict(os.environ, PYTHONPATH=REPO, **{MARK_VAR: mark})
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark})
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1", "--stall-timeout",
          "2", "--timeout", "10", "--job-timeout", "120", "--", sys.executable,
