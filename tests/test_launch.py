@@ -304,3 +304,28 @@ def test_workers_start_once_the_served_node_accepts(tmp_path, mark):
     assert text.count("connected at start") == 2, text
     assert waited >= 1.0, waited
     assert marked_processes(mark) == []
+
+
+AUTOGROUP = "/proc/sys/kernel/sched_autogroup_enabled"
+
+
+@pytest.mark.skipif(not os.path.exists(AUTOGROUP) or open(AUTOGROUP).read().strip() != "1",
+                    reason="the kernel does not group scheduling by session")
+def test_niced_launcher_lowers_its_nodes_sessions(tmp_path, mark):
+    """``nice cpsgd-launch``: every node's session (its own autogroup) gets the
+    launcher's niceness, not only the processes."""
+    script = tmp_path / "report.py"
+    script.write_text("import os, time\n"
+                      "time.sleep(0.5)  # the launcher sets it right after the start\n"
+                      "print('autogroup', open('/proc/self/autogroup').read().split()[-1],\n"
+                      "      'nice', os.nice(0), flush=True)\n")
+    proc = subprocess.run(
+        ["nice", "-n", "7", sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2", "-s", "1",
+         "--", sys.executable, str(script)],
+        env=dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark}),
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [l for l in proc.stdout.splitlines() if "autogroup" in l]
+    assert len(lines) == 2 and all(l.endswith("autogroup 7 nice 7") for l in lines), \
+        proc.stdout[-3000:]
+    assert marked_processes(mark) == []

@@ -148,6 +148,26 @@ class Output:
             self._launcher_log.close()
 
 
+def _pass_niceness(pid: int) -> None:
+    """Give a node's session the launcher's niceness.
+
+    Every node runs in a session of its own, and where the kernel groups
+    scheduling by session (sched_autogroup, on by default in many
+    distributions) a process's niceness only counts within its group: without
+    this, ``nice cpsgd-launch ...`` would lower nothing against other jobs.
+    Best effort: nothing happens where the launcher is not niced or the kernel
+    has no autogroups.
+    """
+    niceness = os.nice(0)
+    if niceness <= 0:
+        return
+    try:
+        with open("/proc/%d/autogroup" % pid, "w") as f:
+            f.write(str(niceness))
+    except OSError:
+        pass
+
+
 class Job:
     """Runs the nodes of one job and tears them down."""
 
@@ -193,6 +213,7 @@ class Job:
             node.proc = subprocess.Popen(
                 node.argv, env=node.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+            _pass_niceness(node.proc.pid)
             if node.serves is not None:
                 self._wait_serving(node)
         announce()
