@@ -142,3 +142,59 @@ def test_runs_without_code_say_na(tmp_path):
     _write(r, "SSGD", 1, 0.8)
     rep = report.generate(r, plots=False)
     assert "| n/a |" in rep.markdown
+
+
+def _tiny_meta(root, runs, figures=None):
+    """reproduce.json as cpsgd-reproduce writes it: the planned runs of experiment m2."""
+    meta = {"name": "t", "experiments": [{"name": "m2", "args": [], "labels": []}],
+            "runs": runs, "figures": figures}
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def test_experiments_table_lists_the_runs_that_exist(root):
+    planned = ["m2/%s-M2-loopback-s%d" % (label, seed)
+               for label in ("SSGD", "k5", "BIT") for seed in (1, 2, 3, 4)]
+    _tiny_meta(root, planned)
+    rep = report.generate(root, plots=False)
+    row = next(l for l in rep.markdown.splitlines() if l.startswith("| m2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    exist, missing = cells[2], cells[3]
+    # what exists: every label of the fixture with its seeds, in ranges
+    for label, seeds in FINAL.items():
+        s = sorted(seeds)
+        text = "%d-%d" % (s[0], s[-1]) if len(s) > 1 else str(s[0])
+        assert "%s-M2-loopback: %s" % (label, text) in exist
+    # planned but absent: seed 4 of SSGD and k5, every seed of BIT; nothing that exists
+    assert missing == "SSGD-M2-loopback: 4; k5-M2-loopback: 4; BIT-M2-loopback: 1-4"
+
+
+def test_collapsed_seeds_are_counted_not_averaged(tmp_path):
+    r = str(tmp_path)
+    finals = {"SSGD": {1: 0.88, 2: 0.89, 3: 0.87, 4: 0.885},
+              "k5": {1: 0.86, 2: 0.10, 3: 0.85, 4: 0.865}}
+    for label, seeds in finals.items():
+        for seed, final in seeds.items():
+            _write(r, label, seed, final)
+    groups = report.group_runs([report.summarize_run(x) for x in report.load_runs(r)])
+    d = next(x for x in paired.paired_differences(groups) if x.label == "k5")
+    diffs = {s: 100 * (finals["k5"][s] - finals["SSGD"][s]) for s in finals["k5"]}
+    assert d.not_trained == [s for s in sorted(diffs) if diffs[s] < -20] == [2]
+    t = d.trained()
+    assert t.seeds == [1, 3, 4] and t.n == 3
+    assert t.mean == pytest.approx(sum(diffs[s] for s in (1, 3, 4)) / 3)
+    assert d.mean == pytest.approx(sum(diffs.values()) / 4)
+    # the spec's figures: one panel per experiment (a label without runs left out), and
+    # the paired bars of the listed labels
+    _tiny_meta(r, [], figures=[
+        {"name": "head", "kind": "curves", "title": "T",
+         "panels": [{"experiment": "m2", "labels": [{"S-SGD": "SSGD"}, "k5", "nothing"]}]},
+        {"name": "bars", "kind": "paired", "experiment": "m2", "labels": ["k5"]},
+        {"name": "empty", "kind": "paired", "experiment": "m2", "labels": ["nothing"]}])
+    rep = report.generate(r)
+    for fname in ("figure-head.png", "figure-bars.png"):
+        assert fname in rep.figures and os.path.getsize(os.path.join(r, fname)) > 1000
+        assert "(%s)" % fname in rep.markdown
+    assert "figure-empty.png" not in rep.figures
+    assert not os.path.exists(os.path.join(r, "figure-empty.png"))
+    assert "## Summary figures" in rep.markdown

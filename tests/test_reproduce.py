@@ -95,6 +95,28 @@ def test_bad_specs(bad, message):
         reproduce.validate_spec(bad)
 
 
+_FIG_BASE = {"script": "s.py", "runs": [{"algorithm": "ssgd"}],
+             "experiments": [{"name": "m2"}, {"name": "m4"}]}
+
+
+@pytest.mark.parametrize("figures, message", [
+    ({"name": "x"}, "'figures' must be a list"),
+    ([{"kind": "curves"}], "with a 'name'"),
+    ([{"name": "x", "kind": "pie", "experiment": "m2", "labels": ["a"]}], "kind must be"),
+    ([{"name": "x", "kind": "curves", "panels": []}], "non-empty list"),
+    ([{"name": "x", "kind": "curves", "panels": [{"experiment": "m8", "labels": ["a"]}]}],
+     "no experiment 'm8'"),
+    ([{"name": "x", "kind": "paired", "experiment": "m2"}], "'labels' must be"),
+    ([{"name": "x", "kind": "paired", "experiment": "m2", "labels": ["a"]},
+      {"name": "x", "kind": "paired", "experiment": "m4", "labels": ["a"]}], "used twice"),
+])
+def test_bad_figures(figures, message):
+    reproduce.validate_spec(dict(_FIG_BASE, figures=[
+        {"name": "ok", "kind": "curves", "panels": [{"experiment": "m4", "labels": ["a"]}]}]))
+    with pytest.raises(reproduce.SpecError, match=message):
+        reproduce.validate_spec(dict(_FIG_BASE, figures=figures))
+
+
 def test_duplicate_and_reserved():
     spec = {"script": "s.py", "runs": [{"algorithm": "ssgd"}, {"algorithm": "ssgd"}]}
     with pytest.raises(reproduce.SpecError, match="share an id"):

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .summary import Group
+from .summary import FAILED_POINTS, Group
 
 #: two-sided 95 % quantiles of Student's t, by degrees of freedom (1..30)
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -60,6 +60,18 @@ class PairedDiff:
             return None
         half = t95(self.n - 1) * self.std / math.sqrt(self.n)
         return self.mean - half, self.mean + half
+
+    @property
+    def not_trained(self) -> List[object]:
+        """The seeds whose run ended more than FAILED_POINTS below its reference: it
+        did not train (collapsed), which says more as a count than inside a mean."""
+        return [s for s, d in zip(self.seeds, self.diffs) if d < -FAILED_POINTS]
+
+    def trained(self) -> "PairedDiff":
+        """The same comparison over the seeds that trained only."""
+        keep = [(s, d) for s, d in zip(self.seeds, self.diffs) if d >= -FAILED_POINTS]
+        return PairedDiff(self.experiment, self.num_workers, self.rate, self.label,
+                          self.reference, [s for s, _ in keep], [d for _, d in keep])
 
     @property
     def verdict(self) -> str:

@@ -117,8 +117,11 @@ def plot_k_sensitivity(entries: Sequence[Dict[str, object]], path: str) -> None:
 
 def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: str) -> None:
     """Validation accuracy vs iterations, one panel per M: per label the mean over
-    seeds (line) and the range over seeds (band), distinct colours, the legend outside
-    the axes.
+    seeds (line) and the range over seeds (band), distinct colours (a label keeps its
+    colour in every panel), the legend outside the axes.  A seed that ended more than
+    FAILED_POINTS below the median of its label's seeds did not train: it is left out
+    of the mean and the band (it would flatten the others' curves), and the legend
+    counts it and gives its final accuracy.
 
     Args:
         panels: ``[{'name': 'M=2', 'lines': [{'label', 'seeds': [[(iteration,
@@ -130,21 +133,33 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
     labels = list(dict.fromkeys(line["label"] for p in panels for line in p["lines"]))
     cmap = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     colors = {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels) + 2.5, 4.6),
+    cols = len(panels) if len(panels) <= 3 else 2
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols + 0.5, 5.6 * rows),
                              squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels):
         for line in panel["lines"]:
             seeds = [s for s in line["seeds"] if s]
             if not seeds:
                 continue
+            color = colors[line["label"]]
+            finals = sorted(100 * s[-1][1] for s in seeds)
+            median = (finals[(len(finals) - 1) // 2] + finals[len(finals) // 2]) / 2
+            failed = [s for s in seeds if median - 100 * s[-1][1] > FAILED_POINTS]
+            everyone = len(seeds)
+            seeds = [s for s in seeds if not any(s is f for f in failed)]
             n = min(len(s) for s in seeds)
             xs = [seeds[0][i][0] for i in range(n)]
             vals = [[100 * s[i][1] for s in seeds] for i in range(n)]
             mean = [sum(v) / len(v) for v in vals]
-            color = colors[line["label"]]
             ax.plot(xs, mean, "-", marker="o", ms=3, color=color,
-                    label="%s (%d seed%s)" % (line["label"], len(seeds),
-                                              "s" if len(seeds) > 1 else ""))
+                    label="%s (%d seed%s%s)" % (
+                        line["label"], everyone, "s" if everyone > 1 else "",
+                        "; %d did not train, not drawn: final %s %%" % (
+                            len(failed), ", ".join("%.2f" % (100 * f[-1][1]) for f in failed))
+                        if failed else ""))
             if len(seeds) > 1:
                 ax.fill_between(xs, [min(v) for v in vals], [max(v) for v in vals],
                                 color=color, alpha=0.18, lw=0)
@@ -152,13 +167,9 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
         ax.set_xlabel("iterations")
         ax.set_ylabel("validation accuracy (%)")
         ax.grid(alpha=0.3)
-    seen = {}
-    for ax in axes[0]:
-        handles, names = ax.get_legend_handles_labels()
-        for handle, name in zip(handles, names):
-            seen.setdefault(name, handle)
-    fig.legend(list(seen.values()), list(seen.keys()), loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+        # each panel's own legend (its seed counts) under its axes, off the data
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8,
+                  frameon=False)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -167,9 +178,13 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
 
 def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     """One bar per comparison: the mean paired difference of final accuracy to the
-    reference (points), with its 95 % interval; a single-seed comparison is drawn
-    hatched, without an interval.  The axis stops at -FAILED_POINTS; a bar beyond it
-    (a run that did not train) carries its value as text.
+    reference (points) over the seeds that trained, with its 95 % interval; a bar of
+    a single trained seed is drawn hatched, without an interval.  Seeds that did not
+    train (more than FAILED_POINTS below their reference: a collapse) are left out
+    of the bar and its interval and counted under it ("1 of 5 > 20 below"), so
+    that one collapse does not hide the other seeds' difference; a comparison in
+    which no seed trained is a bar at its mean, cut at -FAILED_POINTS with its value
+    written on it.
 
     Args:
         diffs: :class:`~mxnet_cpsgd.repro.paired.PairedDiff` objects, in bar order.
@@ -181,27 +196,32 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(diffs) + 2.0), 4.6))
     cmap = plt.get_cmap("tab10")
     refs = list(dict.fromkeys(d.reference for d in diffs))
-    for i, d in enumerate(diffs):
+    floor = -FAILED_POINTS
+    shown = [d.trained() if d.trained().n else d for d in diffs]
+    lows = [min(s.diffs + ([s.ci[0]] if s.ci else [])) for s in shown]
+    highs = [max(s.diffs + ([s.ci[1]] if s.ci else [])) for s in shown]
+    bottom = max(floor, min(lows + [0.0]))
+    top = max(highs + [0.0])
+    span = max(top - bottom, 1.0)
+    bottom -= 0.12 * span   # room for the "did not train" counts under the bars
+    for i, (d, sd) in enumerate(zip(diffs, shown)):
         color = cmap(refs.index(d.reference) % cmap.N)
-        ci = d.ci
-        ax.bar(i, d.mean, color=color, alpha=0.8 if ci else 0.35,
+        ci = sd.ci
+        ax.bar(i, max(sd.mean, bottom), color=color, alpha=0.8 if ci else 0.35,
                hatch=None if ci else "//", edgecolor=color)
         if ci:
-            ax.errorbar(i, d.mean, yerr=[[d.mean - ci[0]], [ci[1] - d.mean]], fmt="none",
-                        ecolor="black", capsize=4)
-        ax.plot([i] * d.n, d.diffs, "k.", ms=4)
+            ax.errorbar(i, sd.mean, yerr=[[sd.mean - ci[0]], [ci[1] - sd.mean]],
+                        fmt="none", ecolor="black", capsize=4)
+        ax.plot([i] * sd.n, [max(v, bottom) for v in sd.diffs], "k.", ms=4)
+        if sd is d and d.mean < bottom:
+            ax.text(i, bottom + 0.02 * span, "%.1f\n(cut)" % d.mean, ha="center",
+                    va="bottom", fontsize=7)
+        elif d.not_trained:
+            ax.text(i, bottom + 0.02 * span, "%d of %d\n> %.0f below:\nnot in bar"
+                    % (len(d.not_trained), d.n, FAILED_POINTS), ha="center", va="bottom",
+                    fontsize=6)
+    ax.set_ylim(bottom, top + 0.1 * span)
     ax.axhline(0, color="black", lw=0.8)
-    # a run that did not train would flatten every other bar: cut the axis and write
-    # its value on the bar
-    floor = -FAILED_POINTS
-    lows = [min(d.diffs + ([d.ci[0]] if d.ci else [])) for d in diffs]
-    if lows and min(lows) < floor:
-        top = max([max(d.diffs + ([d.ci[1]] if d.ci else [])) for d in diffs] + [0.0])
-        ax.set_ylim(floor, top + 0.1 * (top - floor))
-        for i, d in enumerate(diffs):
-            if lows[i] < floor:
-                ax.text(i, floor * 0.97, "%.1f\n(cut)" % d.mean, ha="center", va="bottom",
-                        fontsize=7)
     ax.set_xticks(range(len(diffs)))
     ax.set_xticklabels(["%s\n(n=%d)" % (d.label, d.n) for d in diffs], rotation=60,
                        ha="right", fontsize=8)

@@ -84,7 +84,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
             glob.glob(os.path.join(out_dir, "k-sensitivity.png")) + \
             glob.glob(os.path.join(out_dir, "bench-sweep-*.png")) + \
             glob.glob(os.path.join(out_dir, "accuracy-*.png")) + \
-            glob.glob(os.path.join(out_dir, "paired-*.png")):
+            glob.glob(os.path.join(out_dir, "paired-*.png")) + \
+            glob.glob(os.path.join(out_dir, "figure-*.png")):
         os.remove(stale)
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
@@ -126,12 +127,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
         md += ["Training script `%s`; flags common to every run: `%s`." % (
             meta["script"], " ".join(meta.get("common_args") or [])), ""]
     if meta.get("experiments"):
-        rows = [[e.get("name"), "`%s`" % " ".join(e.get("args") or []) if e.get("args")
-                 else "", ", ".join(str(m) for m in e.get("workers") or []),
-                 ", ".join(e.get("rates") or []), ", ".join(str(s) for s in e.get("seeds") or []),
-                 ", ".join(e.get("labels") or [])] for e in meta["experiments"]]
-        md += [md_table(["experiment", "its flags", "M", "network", "seeds", "runs"], rows,
-                        ["l"] * 6), ""]
+        md += experiments_section(meta, runs)
     if runs or not bench_exps:
         md += ["Per epoch, a run's value is the mean over its workers; Te/Tc are the mean "
                "epoch time / communication time over the epochs after the first; runs that "
@@ -173,6 +169,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                ""]
         md += [paired_markdown(pairs), ""]
     settings = setting_keys(acc_groups)
+    if plots and meta.get("figures"):
+        figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)
     if plots:
         for exp in dict.fromkeys(g.experiment for g in acc_groups):
             figures += _band_figures([g for g in acc_groups if g.experiment == exp], exp,
@@ -248,6 +246,106 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
 
 def _file_part(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
+
+
+def _seed_ranges(seeds: Sequence[object]) -> str:
+    """``[1, 2, 3, 5]`` -> ``'1-3, 5'`` (other seeds as they are)."""
+    ints = sorted(s for s in seeds if isinstance(s, int))
+    parts, i = [], 0
+    while i < len(ints):
+        j = i
+        while j + 1 < len(ints) and ints[j + 1] == ints[j] + 1:
+            j += 1
+        parts.append(str(ints[i]) if i == j else "%d-%d" % (ints[i], ints[j]))
+        i = j + 1
+    return ", ".join(parts + [str(s) for s in seeds if not isinstance(s, int)])
+
+
+def _by_setting(items) -> str:
+    """``[(label-M<m>-<network>, seed)]`` -> ``'SSGD-M2: 1-5; k5-M2: 1-3'``, first-seen order."""
+    grouped: Dict[str, List[object]] = {}
+    for key, seed in items:
+        grouped.setdefault(key, []).append(seed)
+    return "; ".join("%s: %s" % (k, _seed_ranges(v)) for k, v in grouped.items())
+
+
+def experiments_section(meta: Dict[str, object], runs: Sequence[Run]) -> List[str]:
+    """The experiments table: each experiment's flags, then the runs that exist (a
+    directory with a ``run.json``, whatever its status: see the list of runs) and the
+    runs its spec plans that do not, by label, M and network, with their seeds."""
+    planned = [str(r) for r in meta.get("runs") or []]
+    rows = []
+    for e in meta["experiments"]:
+        name = e.get("name")
+        mine = [r for r in runs if r.experiment == name]
+        have = {str(r.meta.get("run_id")) for r in mine}
+        exist = [("%s-M%d-%s" % (r.label, r.num_workers, r.rate or "loopback"),
+                  r.meta.get("seed")) for r in mine]
+        missing = []
+        for run_id in planned:
+            if run_id.startswith("%s/" % name) and run_id not in have:
+                stem, _, seed = run_id[len(name) + 1:].rpartition("-s")
+                missing.append((stem, int(seed) if seed.isdigit() else seed))
+        rows.append([name, "`%s`" % " ".join(e.get("args") or []) if e.get("args") else "",
+                     _by_setting(exist) or "none", _by_setting(missing) or "none"])
+    return [md_table(["experiment", "its flags", "runs that exist (label-M-network: seeds)",
+                      "in the spec, not run"], rows, ["l"] * 4), ""]
+
+
+def _figure_labels(labels) -> List[tuple]:
+    """A figure's ``labels`` as ``[(shown name, run label)]``: a list whose items are
+    run labels or one-key mappings ``{shown name: run label}`` (in the order given),
+    or a mapping shown name -> run label."""
+    if isinstance(labels, dict):
+        labels = [{k: v} for k, v in labels.items()]
+    out = []
+    for item in labels:
+        if isinstance(item, dict):
+            out += [(str(k), str(v)) for k, v in item.items()]
+        else:
+            out.append((str(item), str(item)))
+    return out
+
+
+def _spec_figures(specs: Sequence[Dict[str, object]], groups: Sequence[Group],
+                  out_dir: str, md: List[str]) -> List[str]:
+    """The figures the spec asks for (``figures``): ``curves`` draws accuracy vs
+    iterations with one panel per listed experiment (a band over seeds per label,
+    the same colour for the same shown name in every panel); ``paired`` draws one bar
+    chart of the listed labels' seed-paired differences to S-SGD in one experiment.
+    Written as ``figure-<name>.png``; a label with no runs is left out."""
+    out, body = [], []
+    for fig in specs:
+        fname = "figure-%s.png" % _file_part(fig["name"])
+        title = fig.get("title") or fig["name"]
+        if fig["kind"] == "curves":
+            panels = []
+            for panel in fig["panels"]:
+                lines = []
+                for shown, label in _figure_labels(panel["labels"]):
+                    for g in groups:
+                        if (g.experiment, g.label) == (panel["experiment"], label):
+                            lines.append({"label": shown, "seeds": iteration_series(g)})
+                if lines:
+                    panels.append({"name": panel.get("title") or panel["experiment"],
+                                   "lines": lines})
+            if not panels or max(len(s) for p in panels for line in p["lines"]
+                                 for s in line["seeds"]) < 2:
+                continue
+            plot_iteration_bands(panels, os.path.join(out_dir, fname), title)
+        else:
+            wanted = [label for _, label in _figure_labels(fig["labels"])]
+            diffs = [d for d in paired_differences(groups)
+                     if d.n and d.experiment == fig["experiment"] and d.label in wanted]
+            if not diffs:
+                continue
+            diffs.sort(key=lambda d: wanted.index(d.label))
+            plot_paired_bars(diffs, os.path.join(out_dir, fname), title)
+        out.append(fname)
+        body += ["![%s](%s)" % (title, fname), ""]
+    if out:
+        md += ["## Summary figures", ""] + body
+    return out
 
 
 def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,

@@ -44,7 +44,9 @@ EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
-                               "report_name")
+                               "report_name", "figures")
+#: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
+FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
 RESERVED_FLAGS = ("algorithm", "seed", "log-json", "log-csv")
 
@@ -122,6 +124,42 @@ def validate_spec(spec: Dict[str, object]) -> None:
     for key in ("args", "env"):
         if key in spec and not isinstance(spec[key], dict):
             raise SpecError("%r must be a mapping" % key)
+    validate_figures(spec.get("figures"), names)
+
+
+def validate_figures(figures, experiment_names) -> None:
+    """``figures``: a list of ``{name, kind: curves|paired, title?, ...}``; a curves
+    figure has ``panels: [{experiment, labels, title?}]``, a paired one ``experiment``
+    and ``labels``; labels are a list of run labels or one-key mappings
+    ``{shown name: run label}``, or a mapping shown name -> run label."""
+    if figures is None:
+        return
+    if not isinstance(figures, list):
+        raise SpecError("'figures' must be a list")
+    seen = set()
+    for fig in figures:
+        if not isinstance(fig, dict) or not fig.get("name"):
+            raise SpecError("each figure must be a mapping with a 'name'")
+        name = fig["name"]
+        if name in seen:
+            raise SpecError("figure name %r used twice" % name)
+        seen.add(name)
+        if fig.get("kind") not in FIGURE_KINDS:
+            raise SpecError("figure %r: kind must be one of %s" % (name,
+                                                                  ", ".join(FIGURE_KINDS)))
+        parts = fig.get("panels") if fig["kind"] == "curves" else [fig]
+        if not isinstance(parts, list) or not parts:
+            raise SpecError("figure %r: 'panels' must be a non-empty list" % name)
+        for part in parts:
+            if not isinstance(part, dict):
+                raise SpecError("figure %r: each panel must be a mapping" % name)
+            if part.get("experiment") not in experiment_names:
+                raise SpecError("figure %r: no experiment %r in the spec"
+                                % (name, part.get("experiment")))
+            labels = part.get("labels")
+            if not labels or not isinstance(labels, (list, dict)):
+                raise SpecError("figure %r: 'labels' must be a non-empty list or mapping"
+                                % name)
 
 
 def flag_name(key: str) -> str:
@@ -588,6 +626,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "bench_invocations": [p.invocation_id for p in bench_plans],
             "common_args": common, "environment": environment_info(),
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
+            "figures": spec.get("figures"),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)
     logs.write_json(os.path.join(out, logs.REPRODUCE_META), meta)
