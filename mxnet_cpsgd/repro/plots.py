@@ -181,7 +181,7 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     reference (points) over the seeds that trained, with its 95 % interval; a bar of
     a single trained seed is drawn hatched, without an interval.  Seeds that did not
     train (more than FAILED_POINTS below their reference: a collapse) are left out
-    of the bar and its interval and counted under it ("1 of 5 > 20 below"), so
+    of the bar and its interval and counted in its tick label ("1 > 20 below"), so
     that one collapse does not hide the other seeds' difference; a comparison in
     which no seed trained is a bar at its mean, cut at -FAILED_POINTS with its value
     written on it.
@@ -216,22 +216,21 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
         if sd is d and d.mean < bottom:
             ax.text(i, bottom + 0.02 * span, "%.1f\n(cut)" % d.mean, ha="center",
                     va="bottom", fontsize=7)
-        elif d.not_trained:
-            ax.text(i, bottom + 0.02 * span, "%d of %d\n> %.0f below:\nnot in bar"
-                    % (len(d.not_trained), d.n, FAILED_POINTS), ha="center", va="bottom",
-                    fontsize=6)
     ax.set_ylim(bottom, top + 0.1 * span)
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(diffs)))
-    ax.set_xticklabels(["%s\n(n=%d)" % (d.label, d.n) for d in diffs], rotation=60,
-                       ha="right", fontsize=8)
+    ax.set_xticklabels(["%s\n(n=%d%s)" % (
+        d.label, d.n, "; %d > %.0f below, not in bar" % (len(d.not_trained), FAILED_POINTS)
+        if d.not_trained and sd is not d else "") for d, sd in zip(diffs, shown)],
+        rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("final accuracy minus reference (points)")
     from matplotlib.patches import Patch
     ax.legend([Patch(color=cmap(i % cmap.N)) for i in range(len(refs))],
               ["vs %s" % r for r in refs], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(title)
+    import textwrap
+    ax.set_title(textwrap.fill(title, int(10 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
