@@ -1,5 +1,7 @@
 """The report's figures (matplotlib, imported only when a plot is drawn).
 """
+import statistics
+import textwrap
 from typing import Dict, Sequence
 
 from .summary import FAILED_POINTS, Group
@@ -145,11 +147,10 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
             if not seeds:
                 continue
             color = colors[line["label"]]
-            finals = sorted(100 * s[-1][1] for s in seeds)
-            median = (finals[(len(finals) - 1) // 2] + finals[len(finals) // 2]) / 2
+            median = statistics.median(100 * s[-1][1] for s in seeds)
             failed = [s for s in seeds if median - 100 * s[-1][1] > FAILED_POINTS]
             everyone = len(seeds)
-            seeds = [s for s in seeds if not any(s is f for f in failed)]
+            seeds = [s for s in seeds if median - 100 * s[-1][1] <= FAILED_POINTS]
             n = min(len(s) for s in seeds)
             xs = [seeds[0][i][0] for i in range(n)]
             vals = [[100 * s[i][1] for s in seeds] for i in range(n)]
@@ -197,13 +198,13 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     cmap = plt.get_cmap("tab10")
     refs = list(dict.fromkeys(d.reference for d in diffs))
     floor = -FAILED_POINTS
-    shown = [d.trained() if d.trained().n else d for d in diffs]
+    shown = [t if t.n else d for d, t in ((d, d.trained()) for d in diffs)]
     lows = [min(s.diffs + ([s.ci[0]] if s.ci else [])) for s in shown]
     highs = [max(s.diffs + ([s.ci[1]] if s.ci else [])) for s in shown]
     bottom = max(floor, min(lows + [0.0]))
     top = max(highs + [0.0])
     span = max(top - bottom, 1.0)
-    bottom -= 0.12 * span   # room for the "did not train" counts under the bars
+    bottom -= 0.12 * span   # room for a cut bar's value, written above the axis floor
     for i, (d, sd) in enumerate(zip(diffs, shown)):
         color = cmap(refs.index(d.reference) % cmap.N)
         ci = sd.ci
@@ -229,7 +230,6 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
               ["vs %s" % r for r in refs], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(alpha=0.3, axis="y")
-    import textwrap
     ax.set_title(textwrap.fill(title, int(10 * fig.get_figwidth())), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
