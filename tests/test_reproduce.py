@@ -89,6 +89,11 @@ def test_expand_grid_labels_and_order():
     ({"script": "s.py", "runs": [{"label": "x"}]}, "needs an 'algorithm'"),
     ({"script": "s.py", "runs": [{"algorithm": "ssgd"}], "bogus": 1}, "unknown spec key"),
     ({"script": "s.py"}, "has no 'runs'"),
+    ({"script": "s.py", "runs": [{"algorithm": "ssgd"}], "checkpoint_every": 0},
+     "checkpoint_every must be a positive"),
+    ({"script": "s.py", "experiments": [{"name": "a", "checkpoint_every": "10",
+                                         "runs": [{"algorithm": "ssgd"}]}]},
+     "checkpoint_every must be a positive"),
 ])
 def test_bad_specs(bad, message):
     with pytest.raises(reproduce.SpecError, match=message):
@@ -268,6 +273,70 @@ def test_tiny_grid_end_to_end(tmp_path):
     started = time.monotonic()
     assert reproduce.main([spec_path, "-o", out]) == 0
     assert time.monotonic() - started < 20
+
+
+def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
+    """A run of an experiment with checkpoint_every, stopped by SIGTERM after its
+    first checkpoint, goes on from its newest checkpoint when the same command
+    runs again: its logs reach the last iteration, run.json lists both sittings,
+    the report says so, and the checkpoints are removed once it is complete."""
+    import signal
+    import subprocess
+    spec = dict(SPEC, runs=[{"label": "k2", "algorithm": "cpsgd", "warmup_steps": 5,
+                             "correction_period": 2}],
+                args=dict(SPEC["args"], **{"synthetic-batches": 150}), checkpoint_every=10)
+    spec_path = _spec_file(tmp_path, spec)
+    out = str(tmp_path / "out")
+    plan = reproduce.expand(spec)[0]
+    run_dir = plan.directory(out)
+    checkpoints = os.path.join(run_dir, reproduce.CHECKPOINTS_DIR)
+    assert "--checkpoint-every 10" in plan.command_text()
+    env = dict(os.environ, PYTHONPATH=reproduce.PROJECT_ROOT)
+    cmd = [sys.executable, "-m", "mxnet_cpsgd.repro", spec_path, "-o", out]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             universal_newlines=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and first.poll() is None:
+            if os.path.isdir(checkpoints) and any(
+                    os.path.isfile(os.path.join(checkpoints, n, "checkpoint.json"))
+                    for n in os.listdir(checkpoints)):
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "the run ended before its first checkpoint"
+        first.send_signal(signal.SIGTERM)
+        text = first.communicate(timeout=60)[0]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 130, text
+    stopped = read_run(run_dir).meta
+    assert stopped["status"] == "failed" and stopped.get("interrupted"), stopped
+    assert len(stopped["sittings"]) == 1
+    point = reproduce.resume_point(plan, run_dir)
+    assert point is not None, os.listdir(checkpoints)
+    resumed_at = int(os.path.basename(point["checkpoint"]).split("-")[1])
+    assert 10 <= resumed_at < 300
+
+    code = reproduce.main([spec_path, "-o", out])
+    with open(os.path.join(run_dir, "output.log")) as f:
+        output = f.read()
+    assert code == 0, output[-3000:]
+    assert "resuming from %s" % point["checkpoint"] in output
+    run = read_run(run_dir)
+    assert run.meta["status"] == "ok"
+    assert [s["resumed_from_iteration"] for s in run.meta["sittings"]] == [None, resumed_at]
+    assert run.meta["wall_time"] == pytest.approx(
+        sum(s["wall_time"] for s in run.meta["sittings"]), abs=0.02)
+    for lines in run.records.values():
+        assert lines[-1]["epoch"] == 1 and lines[-1]["total_iterations"] == 300
+    assert not os.path.exists(checkpoints)
+    md = report.generate(out, plots=False).markdown
+    assert "2 sittings, resumed at iteration %d" % resumed_at in md
+    # complete now: the same command runs nothing
+    assert reproduce.main([spec_path, "-o", out]) == 0
+    assert len(read_run(run_dir).meta["sittings"]) == 2
 
 
 def test_failed_attempt_is_kept_and_reported(tmp_path):

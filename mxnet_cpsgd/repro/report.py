@@ -402,6 +402,28 @@ def code_text(code: Optional[Dict[str, object]]) -> str:
     return str(code["commit"])[:10] + ("+dirty" if code.get("dirty") else "")
 
 
+def sittings_code_text(meta: Dict[str, object]) -> str:
+    """The code of every sitting of a resumable run (distinct, in order), else
+    the run's :func:`code_text`."""
+    texts = []
+    for sitting in meta.get("sittings") or [meta]:
+        text = code_text(sitting.get("code"))
+        if text not in texts:
+            texts.append(text)
+    return " + ".join(texts)
+
+
+def sittings_note(meta: Dict[str, object]) -> str:
+    """``"3 sittings, resumed at iterations 400, 820"`` for a run that went on
+    from checkpoints; empty for a run of one sitting."""
+    sittings = meta.get("sittings") or []
+    if len(sittings) < 2:
+        return ""
+    return "%d sittings, resumed at iteration%s %s" % (
+        len(sittings), "s" if len(sittings) > 2 else "",
+        ", ".join(str(s.get("resumed_from_iteration")) for s in sittings[1:]))
+
+
 def runs_section(runs: Sequence[Run]) -> List[str]:
     md = ["## Runs", ""]
     rows = []
@@ -410,8 +432,9 @@ def runs_section(runs: Sequence[Run]) -> List[str]:
         rows.append([r.meta.get("run_id"), r.status, r.label, r.num_workers,
                      r.rate or "loopback", r.meta.get("seed", "n/a"),
                      "%.0f" % wall if isinstance(wall, (int, float)) else "n/a",
-                     sum(1 for _ in epoch_series(r)), code_text(r.meta.get("code")),
-                     (r.meta.get("failure") or "").replace("|", "/")[:120]])
+                     sum(1 for _ in epoch_series(r)), sittings_code_text(r.meta),
+                     "; ".join(t for t in (sittings_note(r.meta), (
+                         r.meta.get("failure") or "").replace("|", "/")[:120]) if t)])
     md += [md_table(["run", "status", "label", "M", "network", "seed", "wall (s)", "epochs",
                      "code", "note"], rows, ["l"] * 3 + ["r"] * 5 + ["l", "l"]), ""]
     attempts = [(r, a) for r in runs for a in r.attempts]

@@ -15,7 +15,8 @@ several experiments that override any of these.  Each run is one job started by
 rate when there is one), writing its per-epoch JSON logs into
 ``OUT/runs/<experiment>/<run>/``.  A run whose logs are complete and whose
 command is unchanged is skipped, so an interrupted reproduction continues
-where it stopped.  Finally :func:`mxnet_cpsgd.repro.report.generate` writes
+where it stopped; a run of an experiment with ``checkpoint_every`` resumes
+from its newest complete checkpoint (one run over several sittings).  Finally :func:`mxnet_cpsgd.repro.report.generate` writes
 ``OUT/report.md`` and its PNGs from the logs alone.
 """
 import argparse
@@ -27,6 +28,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "
 #: top-level / experiment keys
 EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates", "seeds", "runs",
                    "labels", "num_servers", "job_timeout", "timeout", "description",
+                   "checkpoint_every",
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
@@ -48,7 +51,10 @@ SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
-RESERVED_FLAGS = ("algorithm", "seed", "log-json", "log-csv")
+RESERVED_FLAGS = ("algorithm", "seed", "log-json", "log-csv", "checkpoint-dir",
+                  "checkpoint-every", "resume")
+#: a resumable run's checkpoints, under its directory (removed once it is complete)
+CHECKPOINTS_DIR = "checkpoints"
 
 
 class SpecError(ValueError):
@@ -111,6 +117,11 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("experiment %r: purpose must be both, accuracy or timing" % name)
         if name in names:
             raise SpecError("experiment name %r used twice" % name)
+        every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                                  or every < 1):
+            raise SpecError("experiment %r: checkpoint_every must be a positive number "
+                            "of iterations, got %r" % (name, every))
         names.add(name)
         runs = exp.get("runs", spec.get("runs"))
         if not runs or not isinstance(runs, list):
@@ -238,6 +249,8 @@ class RunPlan:
     job_timeout: Optional[float]
     timeout: float
     knobs: Dict[str, object] = field(default_factory=dict)
+    #: iterations between checkpoints; set, the run resumes after an interruption
+    checkpoint_every: Optional[int] = None
 
     @property
     def run_id(self) -> str:
@@ -255,18 +268,28 @@ class RunPlan:
         epochs = self.args.get("num-epochs")
         return int(epochs) if epochs is not None else None
 
-    def argv(self, python: str, run_dir: str) -> List[str]:
-        """The worker command (script path resolved)."""
+    def _checkpoint_argv(self, run_dir: str) -> List[str]:
+        if not self.checkpoint_every:
+            return []
+        return ["--checkpoint-dir", os.path.join(run_dir, CHECKPOINTS_DIR),
+                "--checkpoint-every", str(self.checkpoint_every)]
+
+    def argv(self, python: str, run_dir: str, resume: bool = False) -> List[str]:
+        """The worker command (script path resolved); ``resume``: go on from the
+        newest complete checkpoint."""
         return [python, resolve_script(self.script), "--algorithm", self.algorithm,
                 "--seed", str(self.seed)] + args_to_argv(self.args, expand_user=True) + \
-            ["--log-json", os.path.join(run_dir, "log.json")]
+            ["--log-json", os.path.join(run_dir, "log.json")] + \
+            self._checkpoint_argv(run_dir) + (["--resume"] if resume else [])
 
     def command_text(self) -> str:
         """The worker command as a user would type it (relative paths)."""
+        run_dir = os.path.join("runs", self.run_id)
         return " ".join(shlex.quote(a) for a in
                         ["python", self.script, "--algorithm", self.algorithm, "--seed",
                          str(self.seed)] + args_to_argv(self.args) +
-                        ["--log-json", os.path.join("runs", self.run_id, "log.json")])
+                        ["--log-json", os.path.join(run_dir, "log.json")] +
+                        self._checkpoint_argv(run_dir))
 
     @property
     def allreduce(self) -> bool:
@@ -329,6 +352,7 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
         servers = int(exp.get("num_servers", spec.get("num_servers", 1)))
         job_timeout = exp.get("job_timeout", spec.get("job_timeout"))
         timeout = float(exp.get("timeout", spec.get("timeout", 60)))
+        checkpoint_every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
         entries = []  # (entry, grid point)
         for run in runs:
             for point in _grid_points(run.get("grid") or {}):
@@ -367,7 +391,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
                             num_servers=servers, rate=rate, seed=int(seed), args=args,
                             env=run_env, script=script,
                             job_timeout=float(job_timeout) if job_timeout else None,
-                            timeout=timeout, knobs=plan_knobs))
+                            timeout=timeout, knobs=plan_knobs,
+                            checkpoint_every=checkpoint_every))
     ids = [p.run_id for p in plans]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -506,8 +531,42 @@ def emulation_problem() -> Optional[str]:
     return None
 
 
+def _read_meta(run_dir: str) -> Optional[Dict[str, object]]:
+    try:
+        with open(os.path.join(run_dir, logs.RUN_META)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def resume_point(plan: RunPlan, run_dir: str) -> Optional[Dict[str, object]]:
+    """Where a resumable run goes on from: the ``run.json`` of its earlier
+    sitting(s) with ``checkpoint`` (the newest complete checkpoint's directory)
+    added, or None when it starts afresh (no ``checkpoint_every``, no earlier
+    sitting that stopped, another command, or no complete checkpoint)."""
+    if not plan.checkpoint_every:
+        return None
+    meta = _read_meta(run_dir)
+    if (meta is None or meta.get("status") != "failed"
+            or meta.get("fingerprint") != plan.fingerprint()):
+        return None
+    from ..training.checkpoint import newest_complete
+    path = newest_complete(os.path.join(run_dir, CHECKPOINTS_DIR))
+    if path is None:
+        return None
+    meta["checkpoint"] = path
+    return meta
+
+
+def _checkpoint_iteration(path: Optional[str]) -> Optional[int]:
+    match = re.search(r"iter-(\d+)$", path or "")
+    return int(match.group(1)) if match else None
+
+
 def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
-            emulation_error: Optional[str] = None, echo=None) -> Dict[str, object]:
+            emulation_error: Optional[str] = None, echo=None,
+            fresh: bool = False) -> Dict[str, object]:
     """Run one job and write its ``run.json``; returns that metadata.
 
     Args:
@@ -518,11 +577,21 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             or run it 'unshaped' (``actual_rate`` in run.json is then None).
         emulation_error: why emulation is unavailable (None: available).
         echo: a stream for the job's output lines as they come (None: only the file).
+        fresh: start a resumable run from the beginning even if it could resume.
+
+    A resumable run (``plan.checkpoint_every``) whose earlier sitting stopped
+    goes on from its newest complete checkpoint, appending to its logs; its
+    ``run.json`` lists every sitting (``sittings``: start, end, wall time, code,
+    the iteration it resumed from, outcome) and ``wall_time`` is their sum.  Its
+    checkpoints are removed once it is complete.
     """
     from ..cluster import launch
     run_dir = plan.directory(out)
     os.makedirs(run_dir, exist_ok=True)
-    _clear_logs(run_dir)
+    previous = None if fresh else resume_point(plan, run_dir)
+    if previous is None:
+        _clear_logs(run_dir)
+        shutil.rmtree(os.path.join(run_dir, CHECKPOINTS_DIR), ignore_errors=True)
     rate = plan.rate
     if rate and emulation_error:
         if if_no_emulation in ("fail", "skip"):
@@ -533,10 +602,14 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
-    with open(os.path.join(run_dir, "output.log"), "w") as log:
+    with open(os.path.join(run_dir, "output.log"), "a" if previous else "w") as log:
+        if previous:
+            log.write("cpsgd-reproduce: %s: resuming from %s\n"
+                      % (started, previous["checkpoint"]))
         stream = _Tee(log, echo)
         try:
-            result = launch.run_job(plan.argv(python, run_dir), plan.num_workers,
+            result = launch.run_job(plan.argv(python, run_dir, resume=bool(previous)),
+                                    plan.num_workers,
                                     plan.num_servers, env=plan.env, timeout=plan.timeout,
                                     job_timeout=plan.job_timeout, emulate_network=rate,
                                     stream=stream, allreduce=plan.allreduce)
@@ -553,8 +626,27 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
         meta["failure"] = "the job succeeded but its logs are incomplete"
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
+    if plan.checkpoint_every:
+        _record_sitting(meta, previous, run_dir)
     logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
+
+
+def _record_sitting(meta: Dict[str, object], previous: Optional[Dict[str, object]],
+                    run_dir: str) -> None:
+    """Add this sitting to ``meta["sittings"]`` after the earlier ones; the run's
+    ``started`` and ``wall_time`` become the first sitting's and the sum."""
+    sitting = {key: meta.get(key) for key in ("started", "finished", "wall_time", "code",
+                                              "status", "failure")}
+    sitting["resumed_from_iteration"] = _checkpoint_iteration(
+        previous["checkpoint"]) if previous else None
+    sittings = list(previous.get("sittings") or []) if previous else []
+    sittings.append(sitting)
+    meta["sittings"] = sittings
+    meta["started"] = sittings[0]["started"]
+    meta["wall_time"] = round(sum(s.get("wall_time") or 0.0 for s in sittings), 2)
+    if meta["status"] == "ok":
+        shutil.rmtree(os.path.join(run_dir, CHECKPOINTS_DIR), ignore_errors=True)
 
 
 class _Tee:
@@ -664,7 +756,12 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: complete, skipped" % (i, len(chosen), plan.run_id))
             continue
         _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id, plan.launch_text()))
-        meta = execute(plan, out, python, if_no_emulation, emulation_error, echo)
+        point = None if force else resume_point(plan, run_dir)
+        if point is not None:
+            _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,
+                                                             point["checkpoint"]))
+        meta = execute(plan, out, python, if_no_emulation, emulation_error, echo,
+                       fresh=force)
         brief = ""
         if meta["status"] == "ok":
             s = summary.summarize_run(logs.read_run(run_dir))
@@ -714,7 +811,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", nargs="+", default=[], metavar="NAME",
                    help="run only these experiments of the spec")
     p.add_argument("--force", action="store_true",
-                   help="rerun selected runs even if their logs are complete")
+                   help="rerun selected runs from the beginning even if their logs "
+                        "are complete or they could resume from a checkpoint")
     p.add_argument("--dry-run", action="store_true",
                    help="print the launcher command of every run and exit")
     p.add_argument("--report-only", action="store_true",
