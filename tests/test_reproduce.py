@@ -339,6 +339,30 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     assert len(read_run(run_dir).meta["sittings"]) == 2
 
 
+def test_code_version_ignores_the_output_directory(tmp_path):
+    """The runner rewrites reproduce.json in its output directory before every run;
+    a committed output directory must not make every run look like uncommitted
+    code, but a changed file elsewhere must."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path)] + list(args), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    git("init", "-q")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "reproduce.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    clean = reproduce.code_version(str(tmp_path), exclude=str(tmp_path / "out"))
+    assert len(clean["commit"]) == 40 and clean["dirty"] is False
+    (tmp_path / "out" / "reproduce.json").write_text('{"command": "again"}')
+    assert reproduce.code_version(str(tmp_path), exclude=str(tmp_path / "out"))["dirty"] is False
+    assert reproduce.code_version(str(tmp_path))["dirty"] is True
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert reproduce.code_version(str(tmp_path), exclude=str(tmp_path / "out"))["dirty"] is True
+
+
 def test_failed_attempt_is_kept_and_reported(tmp_path):
     plan = reproduce.expand(SPEC)[0]
     out = str(tmp_path)

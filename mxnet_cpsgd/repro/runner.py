@@ -487,12 +487,15 @@ def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def code_version(directory: Optional[str] = None) -> Dict[str, object]:
+def code_version(directory: Optional[str] = None,
+                 exclude: Optional[str] = None) -> Dict[str, object]:
     """The git commit of the code that runs, and whether the tree has uncommitted
     changes (``{'commit': None, 'dirty': None}`` outside a git checkout).
 
     Args:
         directory: where to ask git (default: this package's directory).
+        exclude: a directory whose changes do not count (the reproduction's output,
+            which the runner itself writes before every run).
     """
     import subprocess
     where = directory or os.path.dirname(os.path.abspath(__file__))
@@ -503,21 +506,31 @@ def code_version(directory: Optional[str] = None) -> Dict[str, object]:
                               timeout=30, check=True).stdout.strip()
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        paths = []
+        if exclude:
+            top = git("rev-parse", "--show-toplevel")
+            rel = os.path.relpath(os.path.realpath(exclude), os.path.realpath(top))
+            if not rel.startswith(os.pardir):
+                paths = ["--", ":(top)", ":(top,exclude)%s" % rel]
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", *paths))
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     return {"commit": commit, "dirty": dirty}
 
 
 def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
+    """A run's ``run.json``; pass ``code`` (:func:`code_version` when the run
+    started), else it is taken now."""
     meta = {"run_id": plan.run_id, "order": plan.order, "experiment": plan.experiment,
             "label": plan.label, "algorithm": plan.algorithm,
             "num_workers": plan.num_workers, "num_servers": plan.num_servers,
             "rate": plan.rate, "seed": plan.seed, "knobs": plan.knobs,
             "args": plan.args, "env": plan.env, "fingerprint": plan.fingerprint(),
             "command_text": plan.command_text(), "launch_text": plan.launch_text(),
-            "expected_epochs": plan.expected_epochs(), "code": code_version()}
+            "expected_epochs": plan.expected_epochs()}
     meta.update(extra)
+    if meta.get("code") is None:
+        meta["code"] = code_version()
     return meta
 
 
@@ -588,6 +601,8 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     from ..cluster import launch
     run_dir = plan.directory(out)
     os.makedirs(run_dir, exist_ok=True)
+    # the code of this run is the code when it starts (later commits do not run in it)
+    code = code_version(exclude=out)
     previous = None if fresh else resume_point(plan, run_dir)
     if previous is None:
         _clear_logs(run_dir)
@@ -595,7 +610,8 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     rate = plan.rate
     if rate and emulation_error:
         if if_no_emulation in ("fail", "skip"):
-            meta = run_meta(plan, status="failed" if if_no_emulation == "fail" else "skipped",
+            meta = run_meta(plan, code=code,
+                            status="failed" if if_no_emulation == "fail" else "skipped",
                             returncode=None, wall_time=0.0, started=_now(), finished=_now(),
                             failure="network emulation unavailable: %s" % emulation_error)
             logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
@@ -618,7 +634,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             returncode, failure = None, "%s: %s" % (type(err).__name__, err)
             log.write("cpsgd-reproduce: %s\n" % failure)
     ok = returncode == 0
-    meta = run_meta(plan, status="ok" if ok else "failed", returncode=returncode,
+    meta = run_meta(plan, code=code, status="ok" if ok else "failed", returncode=returncode,
                     failure=failure, wall_time=round(time.monotonic() - t0, 2),
                     started=started, finished=_now(), actual_rate=rate)
     if ok and not logs_complete(plan, run_dir):
