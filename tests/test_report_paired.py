@@ -144,10 +144,10 @@ def test_runs_without_code_say_na(tmp_path):
     assert "| n/a |" in rep.markdown
 
 
-def _tiny_meta(root, runs, figures=None):
+def _tiny_meta(root, runs, figures=None, comparisons=None):
     """reproduce.json as cpsgd-reproduce writes it: the planned runs of experiment m2."""
     meta = {"name": "t", "experiments": [{"name": "m2", "args": [], "labels": []}],
-            "runs": runs, "figures": figures}
+            "runs": runs, "figures": figures, "comparisons": comparisons}
     with open(os.path.join(root, "reproduce.json"), "w") as f:
         json.dump(meta, f)
 
@@ -198,3 +198,23 @@ def test_collapsed_seeds_are_counted_not_averaged(tmp_path):
     assert "figure-empty.png" not in rep.figures
     assert not os.path.exists(os.path.join(r, "figure-empty.png"))
     assert "## Summary figures" in rep.markdown
+
+
+def test_chosen_comparisons_between_two_algorithms(root):
+    """The spec's comparisons: differences between two runs neither of which is
+    S-SGD, as a table row each, computed independently here."""
+    _tiny_meta(root, [], comparisons=[
+        {"experiment": "m2", "run": "k5", "vs": "BIT-wu"},
+        {"experiment": "m2", "run": "k5-mom0", "vs": "k5"},
+        {"experiment": "m2", "run": "k5", "vs": "nothing"}])   # no such runs: left out
+    md = report.generate(root, plots=False).markdown
+    section = md.split("## Seed-paired differences between chosen runs")[1].split("\n## ")[0]
+    rows = [l for l in section.splitlines() if l.startswith("| m2 |")]
+    assert len(rows) == 2
+    for row, (label, ref) in zip(rows, [("k5", "BIT-wu"), ("k5-mom0", "k5")]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        seeds, mean, ci = _expected(label, ref)
+        assert cells[3:7] == [label, ref, str(len(seeds)), ", ".join(map(str, seeds))]
+        assert cells[7] == "%+.2f" % mean
+        assert cells[8] == "[%+.2f, %+.2f]" % ci
+    assert "nothing" not in section

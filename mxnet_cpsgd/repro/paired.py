@@ -132,11 +132,33 @@ def paired_differences(groups: Sequence[Group], base: str = "SSGD",
         if also_base and ref != base and base in labels:
             refs.append(base)
         for r in refs:
-            ref_group = next(h for h in same if h.label == r)
-            mine, theirs = _final_by_seed(g), _final_by_seed(ref_group)
-            seeds = sorted((s for s in mine if s in theirs), key=lambda s: (str(type(s)), s))
-            out.append(PairedDiff(g.experiment, g.num_workers, g.rate, g.label, r, seeds,
-                                  [100.0 * (mine[s] - theirs[s]) for s in seeds]))
+            out.append(paired_difference(g, next(h for h in same if h.label == r)))
+    return out
+
+
+def paired_difference(group: Group, reference: Group) -> PairedDiff:
+    """``group``'s final accuracy minus ``reference``'s over the seeds both have."""
+    mine, theirs = _final_by_seed(group), _final_by_seed(reference)
+    seeds = sorted((s for s in mine if s in theirs), key=lambda s: (str(type(s)), s))
+    return PairedDiff(group.experiment, group.num_workers, group.rate, group.label,
+                      reference.label, seeds, [100.0 * (mine[s] - theirs[s]) for s in seeds])
+
+
+def chosen_differences(groups: Sequence[Group],
+                       comparisons: Sequence[Dict[str, str]]) -> List[PairedDiff]:
+    """The spec's ``comparisons`` (``{experiment, run, vs}``: two labels of one
+    experiment), each at every M and network where both labels have runs, in the
+    spec's order; a comparison without such runs is left out."""
+    out = []
+    for c in comparisons:
+        for g in groups:
+            if g.experiment != c["experiment"] or g.label != c["run"]:
+                continue
+            ref = next((h for h in groups if h.label == c["vs"] and
+                        (h.experiment, h.num_workers, h.rate) ==
+                        (g.experiment, g.num_workers, g.rate)), None)
+            if ref is not None:
+                out.append(paired_difference(g, ref))
     return out
 
 

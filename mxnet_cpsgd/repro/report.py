@@ -40,7 +40,7 @@ from .summary import (Group, TeTcTable, setting_keys, setting_name, accuracy_tab
 from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pct, md_table,
                        te_tc_markdown, te_tc_relative_markdown)
 from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
-from .paired import PairedDiff, iteration_series, paired_differences
+from .paired import PairedDiff, chosen_differences, iteration_series, paired_differences
 from . import bench_report
 
 
@@ -168,6 +168,14 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "what the interval allows.",
                ""]
         md += [paired_markdown(pairs), ""]
+    chosen = [d for d in chosen_differences(acc_groups, meta.get("comparisons") or [])
+              if d.n]
+    if chosen:
+        md += ["## Seed-paired differences between chosen runs", ""]
+        md += ["The comparisons the spec lists (`comparisons`): final accuracy of the run "
+               "minus that of the run it is compared with, same experiment, M, network "
+               "and seed, in points, as above.", ""]
+        md += [paired_markdown(chosen), ""]
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
         figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)

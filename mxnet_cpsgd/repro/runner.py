@@ -47,7 +47,7 @@ EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
-                               "report_name", "figures")
+                               "report_name", "figures", "comparisons")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -136,6 +136,26 @@ def validate_spec(spec: Dict[str, object]) -> None:
         if key in spec and not isinstance(spec[key], dict):
             raise SpecError("%r must be a mapping" % key)
     validate_figures(spec.get("figures"), names)
+    validate_comparisons(spec.get("comparisons"), names)
+
+
+def validate_comparisons(comparisons, experiment_names) -> None:
+    """``comparisons``: a list of ``{experiment, run, vs}``, two run labels of one
+    experiment whose seed-paired difference the report shows."""
+    if comparisons is None:
+        return
+    if not isinstance(comparisons, list):
+        raise SpecError("'comparisons' must be a list")
+    for c in comparisons:
+        if not isinstance(c, dict) or set(c) != {"experiment", "run", "vs"}:
+            raise SpecError("each comparison is a mapping with exactly the keys "
+                            "experiment, run, vs; got %r" % (c,))
+        if c["experiment"] not in experiment_names:
+            raise SpecError("comparison %r: no experiment %r in the spec"
+                            % (c, c["experiment"]))
+        if not all(isinstance(c[k], str) and c[k] for k in ("run", "vs")) or \
+                c["run"] == c["vs"]:
+            raise SpecError("comparison %r: run and vs must be two different labels" % (c,))
 
 
 def validate_figures(figures, experiment_names) -> None:
@@ -734,7 +754,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "bench_invocations": [p.invocation_id for p in bench_plans],
             "common_args": common, "environment": environment_info(),
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
-            "figures": spec.get("figures"),
+            "figures": spec.get("figures"), "comparisons": spec.get("comparisons"),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)
     logs.write_json(os.path.join(out, logs.REPRODUCE_META), meta)
