@@ -218,3 +218,24 @@ def test_chosen_comparisons_between_two_algorithms(root):
         assert cells[7] == "%+.2f" % mean
         assert cells[8] == "[%+.2f, %+.2f]" % ci
     assert "nothing" not in section
+
+
+def test_chosen_comparison_without_the_seeds_that_did_not_train(tmp_path):
+    """A collapse in either run of a chosen pair: the row over every seed, then one
+    over the seeds where both trained."""
+    r = str(tmp_path)
+    finals = {"k5": {1: 0.86, 2: 0.10, 3: 0.85, 4: 0.865},
+              "BIT-wu": {1: 0.87, 2: 0.88, 3: 0.10, 4: 0.875}}
+    for label, seeds in finals.items():
+        for seed, final in seeds.items():
+            _write(r, label, seed, final)
+    _tiny_meta(r, [], comparisons=[{"experiment": "m2", "run": "k5", "vs": "BIT-wu"}])
+    md = report.generate(r, plots=False).markdown
+    section = md.split("between chosen runs")[1].split("\n## ")[0]
+    rows = [l for l in section.splitlines() if l.startswith("| m2 |")]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[3] for c in cells] == ["k5", "k5 (seeds that trained)"]
+    assert cells[0][5:7] == ["4", "1, 2, 3, 4"]
+    assert cells[1][5:7] == ["2", "1, 4"]     # seed 2 (k5) and 3 (BIT-wu) left out
+    kept = [100 * (finals["k5"][s] - finals["BIT-wu"][s]) for s in (1, 4)]
+    assert cells[1][7] == "%+.2f" % (sum(kept) / 2)

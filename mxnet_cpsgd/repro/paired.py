@@ -144,11 +144,23 @@ def paired_difference(group: Group, reference: Group) -> PairedDiff:
                       reference.label, seeds, [100.0 * (mine[s] - theirs[s]) for s in seeds])
 
 
+def collapsed_seeds(group: Group) -> List[object]:
+    """Seeds whose final accuracy is more than FAILED_POINTS below the best seed of
+    the same label: runs that did not train."""
+    finals = _final_by_seed(group)
+    if not finals:
+        return []
+    best = max(finals.values())
+    return [s for s, acc in finals.items() if 100.0 * (best - acc) > FAILED_POINTS]
+
+
 def chosen_differences(groups: Sequence[Group],
                        comparisons: Sequence[Dict[str, str]]) -> List[PairedDiff]:
     """The spec's ``comparisons`` (``{experiment, run, vs}``: two labels of one
     experiment), each at every M and network where both labels have runs, in the
-    spec's order; a comparison without such runs is left out."""
+    spec's order; a comparison without such runs is left out.  Where either run
+    did not train at some paired seed (:func:`collapsed_seeds`), a second row
+    follows over the other seeds, its label marked ``(seeds that trained)``."""
     out = []
     for c in comparisons:
         for g in groups:
@@ -157,8 +169,16 @@ def chosen_differences(groups: Sequence[Group],
             ref = next((h for h in groups if h.label == c["vs"] and
                         (h.experiment, h.num_workers, h.rate) ==
                         (g.experiment, g.num_workers, g.rate)), None)
-            if ref is not None:
-                out.append(paired_difference(g, ref))
+            if ref is None:
+                continue
+            d = paired_difference(g, ref)
+            out.append(d)
+            failed = set(collapsed_seeds(g)) | set(collapsed_seeds(ref))
+            if failed & set(d.seeds):
+                keep = [(s, x) for s, x in zip(d.seeds, d.diffs) if s not in failed]
+                out.append(PairedDiff(d.experiment, d.num_workers, d.rate,
+                                      "%s (seeds that trained)" % d.label, d.reference,
+                                      [s for s, _ in keep], [x for _, x in keep]))
     return out
 
 

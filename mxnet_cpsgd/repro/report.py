@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .logs import ATTEMPTS_DIR, Run, load_runs, read_reproduce_meta, read_run
-from .summary import (Group, TeTcTable, setting_keys, setting_name, accuracy_table, epoch_series, group_runs,
-                      k_sensitivity, summarize_run, te_tc_tables)
+from .summary import (FAILED_POINTS, Group, TeTcTable, setting_keys, setting_name,
+                      accuracy_table, epoch_series, group_runs, k_sensitivity,
+                      summarize_run, te_tc_tables)
 from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pct, md_table,
                        te_tc_markdown, te_tc_relative_markdown)
 from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
@@ -174,7 +175,9 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
         md += ["## Seed-paired differences between chosen runs", ""]
         md += ["The comparisons the spec lists (`comparisons`): final accuracy of the run "
                "minus that of the run it is compared with, same experiment, M, network "
-               "and seed, in points, as above.", ""]
+               "and seed, in points, as above. Where either run did not train at a seed "
+               "(more than %.0f points below the best seed of its label) a second row "
+               "leaves those seeds out." % FAILED_POINTS, ""]
         md += [paired_markdown(chosen), ""]
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
