@@ -145,6 +145,19 @@ def test_fashion_mnist_two_iterations(tmp_path):
     assert 0 <= rec["val_acc"] <= 1
 
 
+@pytest.mark.skipif(not HAVE_GLUONCV, reason="gluoncv not installed")
+def test_mnist_script_trains_resnet20(tmp_path):
+    """train_mnist.py's second network (reproduction-3rd's resnet20 experiment):
+    GluonCV's CIFAR ResNet-20 on 28 x 28 x 1 inputs."""
+    log = tmp_path / "log.json"
+    assert run_inproc("train_mnist", "--algorithm", "local", "--synthetic",
+                      "--model", "cifar_resnet20_v1", "--batch-size", "4",
+                      "--synthetic-batches", "4", "--max-iters", "2",
+                      "--log-json", log) == 0
+    (rec,) = read_jsonl(log)
+    assert rec["model"] == "cifar_resnet20_v1" and rec["iterations"] == 2
+
+
 # ---------------------------------------------------------------- bad usage
 
 @pytest.mark.parametrize("argv,message", [
