@@ -91,7 +91,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
     bench_exps = bench_report.load(root, meta)
-    summaries = [summarize_run(r) for r in runs]
+    # a resumable run that has not finished yet: its last epoch is not its final one
+    summaries = [summarize_run(r) for r in runs if not in_progress(r)]
     groups = group_runs(summaries)
     purposes = {e.get("name"): e.get("purpose", "both") for e in meta.get("experiments") or []}
     timing_only = {n for n, p in purposes.items() if p == "timing"}
@@ -435,6 +436,12 @@ def sittings_note(meta: Dict[str, object]) -> str:
         ", ".join(str(s.get("resumed_from_iteration")) for s in sittings[1:]))
 
 
+def in_progress(run: Run) -> bool:
+    """A run that went on over sittings (``sittings`` in run.json) and has not
+    finished: it resumes from its checkpoint with the same command."""
+    return bool(run.meta.get("sittings")) and run.status != "ok"
+
+
 def runs_section(runs: Sequence[Run]) -> List[str]:
     md = ["## Runs", ""]
     rows = []
@@ -448,6 +455,13 @@ def runs_section(runs: Sequence[Run]) -> List[str]:
                          r.meta.get("failure") or "").replace("|", "/")[:120]) if t)])
     md += [md_table(["run", "status", "label", "M", "network", "seed", "wall (s)", "epochs",
                      "code", "note"], rows, ["l"] * 3 + ["r"] * 5 + ["l", "l"]), ""]
+    going = [r for r in runs if in_progress(r)]
+    if going:
+        md += ["In progress (resumable from their newest checkpoint with the same command; "
+               "left out of every table and figure above): " + "; ".join(
+                   "%s, %d of %s epochs logged" % (
+                       r.meta.get("run_id"), len(epoch_series(r)),
+                       r.meta.get("expected_epochs") or "?") for r in going) + ".", ""]
     attempts = [(r, a) for r in runs for a in r.attempts]
     if attempts:
         md += ["Earlier failed attempts (files kept in `<run>/attempts/<n>/`; the run "
