@@ -79,6 +79,10 @@ def test_expand_grid_labels_and_order():
     assert "--emulate-network 100mbit" in k5.launch_text()
     assert k5.expected_epochs() == 1
     assert len({p.run_id for p in plans}) == len(plans)
+    # the report reads run ids back (the experiments table)
+    for p in plans:
+        assert reproduce.split_run_id(p.run_id) == (
+            p.experiment, "%s-M%d-%s" % (p.label, p.num_workers, p.rate or "loopback"), p.seed)
     # the fingerprint ignores where logs go but not what runs
     assert k5.fingerprint() == reproduce.expand(spec)[plans.index(k5)].fingerprint()
     assert k5.fingerprint() != b[3].fingerprint()

@@ -43,6 +43,7 @@ from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pc
 from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
 from .paired import PairedDiff, chosen_differences, iteration_series, paired_differences
 from . import bench_report
+from .spec import split_run_id
 
 
 # ----------------------------------------------------------------------------
@@ -295,9 +296,9 @@ def experiments_section(meta: Dict[str, object], runs: Sequence[Run]) -> List[st
                   r.meta.get("seed")) for r in mine]
         missing = []
         for run_id in planned:
-            if run_id.startswith("%s/" % name) and run_id not in have:
-                stem, _, seed = run_id[len(name) + 1:].rpartition("-s")
-                missing.append((stem, int(seed) if seed.isdigit() else seed))
+            experiment, stem, seed = split_run_id(run_id)
+            if experiment == name and run_id not in have:
+                missing.append((stem, seed))
         rows.append([name, "`%s`" % " ".join(e.get("args") or []) if e.get("args") else "",
                      _by_setting(exist) or "none", _by_setting(missing) or "none"])
     return [md_table(["experiment", "its flags", "runs that exist (label-M-network: seeds)",

@@ -37,7 +37,7 @@ from . import report as report_mod
 from .spec import (CHECKPOINTS_DIR, RunPlan, SpecError, _merge_args, args_to_argv, expand,
                    expand_bench_plans, load_spec, select, select_bench)
 # also part of cpsgd-reproduce's API as this module's (tests, scripts)
-from .spec import PROJECT_ROOT, resolve_script, validate_spec  # noqa: F401
+from .spec import PROJECT_ROOT, resolve_script, split_run_id, validate_spec  # noqa: F401
 
 def logs_complete(plan: RunPlan, run_dir: str) -> bool:
     """Every rank 0..M-1 left a log whose epochs are 0..E-1 (E = --num-epochs;

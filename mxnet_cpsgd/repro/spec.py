@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import bench_runs
 
@@ -251,6 +251,8 @@ class RunPlan:
 
     @property
     def run_id(self) -> str:
+        """``<experiment>/<label>-M<m>-<network>-s<seed>`` (:func:`split_run_id`
+        reads it back)."""
         return "%s/%s-M%d-%s-s%d" % (_slug(self.experiment), _slug(self.label),
                                      self.num_workers, _slug(self.rate or "loopback"),
                                      self.seed)
@@ -313,6 +315,14 @@ class RunPlan:
                            "workers": self.num_workers, "servers": self.num_servers,
                            "rate": self.rate}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def split_run_id(run_id: str) -> Tuple[str, str, object]:
+    """A :attr:`RunPlan.run_id` as ``(experiment, '<label>-M<m>-<network>', seed)``
+    (the seed an int; as written when it is not a number)."""
+    experiment, _, rest = str(run_id).partition("/")
+    stem, _, seed = rest.rpartition("-s")
+    return experiment, stem, int(seed) if seed.isdigit() else seed
 
 
 def _slug(text: str) -> str:
