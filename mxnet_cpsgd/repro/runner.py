@@ -193,7 +193,7 @@ def _checkpoint_iteration(path: Optional[str]) -> Optional[int]:
 
 def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             emulation_error: Optional[str] = None, echo=None,
-            fresh: bool = False) -> Dict[str, object]:
+            resume_from: Optional[Dict[str, object]] = None) -> Dict[str, object]:
     """Run one job and write its ``run.json``; returns that metadata.
 
     Args:
@@ -204,7 +204,8 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             or run it 'unshaped' (``actual_rate`` in run.json is then None).
         emulation_error: why emulation is unavailable (None: available).
         echo: a stream for the job's output lines as they come (None: only the file).
-        fresh: start a resumable run from the beginning even if it could resume.
+        resume_from: what :func:`resume_point` found for this run: go on from its
+            checkpoint; None starts the run from the beginning.
 
     A resumable run (``plan.checkpoint_every``) whose earlier sitting stopped
     goes on from its newest complete checkpoint, appending to its logs; its
@@ -217,8 +218,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     os.makedirs(run_dir, exist_ok=True)
     # the code of this run is the code when it starts (later commits do not run in it)
     code = code_version(exclude=out)
-    previous = None if fresh else resume_point(plan, run_dir)
-    if previous is None:
+    if resume_from is None:
         _clear_logs(run_dir)
         shutil.rmtree(os.path.join(run_dir, CHECKPOINTS_DIR), ignore_errors=True)
     rate = plan.rate
@@ -232,13 +232,13 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
-    with open(os.path.join(run_dir, "output.log"), "a" if previous else "w") as log:
-        if previous:
+    with open(os.path.join(run_dir, "output.log"), "a" if resume_from else "w") as log:
+        if resume_from:
             log.write("cpsgd-reproduce: %s: resuming from %s\n"
-                      % (started, previous["checkpoint"]))
+                      % (started, resume_from["checkpoint"]))
         stream = _Tee(log, echo)
         try:
-            result = launch.run_job(plan.argv(python, run_dir, resume=bool(previous)),
+            result = launch.run_job(plan.argv(python, run_dir, resume=bool(resume_from)),
                                     plan.num_workers,
                                     plan.num_servers, env=plan.env, timeout=plan.timeout,
                                     job_timeout=plan.job_timeout, emulate_network=rate,
@@ -257,7 +257,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
     if plan.checkpoint_every:
-        _record_sitting(meta, previous, run_dir)
+        _record_sitting(meta, resume_from, run_dir)
     logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
 
@@ -376,7 +376,7 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,
                                                              point["checkpoint"]))
         meta = execute(plan, out, python, if_no_emulation, emulation_error, echo,
-                       fresh=force)
+                       resume_from=point)
         brief = ""
         if meta["status"] == "ok":
             s = summary.summarize_run(logs.read_run(run_dir))
