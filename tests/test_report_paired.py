@@ -144,6 +144,20 @@ def test_runs_without_code_say_na(tmp_path):
     assert "| n/a |" in rep.markdown
 
 
+def _write_finals(root, finals):
+    """``{label: {seed: final val acc}}`` as runs of experiment m2."""
+    for label, seeds in finals.items():
+        for seed, final in seeds.items():
+            _write(root, label, seed, final)
+
+
+def _chosen_rows(md):
+    """The cells of the "between chosen runs" table's rows."""
+    section = md.split("between chosen runs")[1].split("\n## ")[0]
+    return [[c.strip() for c in row.strip("|").split("|")]
+            for row in section.splitlines() if row.startswith("| m2 |")]
+
+
 def _tiny_meta(root, runs, figures=None, comparisons=None):
     """reproduce.json as cpsgd-reproduce writes it: the planned runs of experiment m2."""
     meta = {"name": "t", "experiments": [{"name": "m2", "args": [], "labels": []}],
@@ -173,9 +187,7 @@ def test_collapsed_seeds_are_counted_not_averaged(tmp_path):
     r = str(tmp_path)
     finals = {"SSGD": {1: 0.88, 2: 0.89, 3: 0.87, 4: 0.885},
               "k5": {1: 0.86, 2: 0.10, 3: 0.85, 4: 0.865}}
-    for label, seeds in finals.items():
-        for seed, final in seeds.items():
-            _write(r, label, seed, final)
+    _write_finals(r, finals)
     groups = report.group_runs([report.summarize_run(x) for x in report.load_runs(r)])
     d = next(x for x in paired.paired_differences(groups) if x.label == "k5")
     diffs = {s: 100 * (finals["k5"][s] - finals["SSGD"][s]) for s in finals["k5"]}
@@ -208,16 +220,15 @@ def test_chosen_comparisons_between_two_algorithms(root):
         {"experiment": "m2", "run": "k5-mom0", "vs": "k5"},
         {"experiment": "m2", "run": "k5", "vs": "nothing"}])   # no such runs: left out
     md = report.generate(root, plots=False).markdown
-    section = md.split("## Seed-paired differences between chosen runs")[1].split("\n## ")[0]
-    rows = [l for l in section.splitlines() if l.startswith("| m2 |")]
+    assert "## Seed-paired differences between chosen runs" in md
+    rows = _chosen_rows(md)
     assert len(rows) == 2
-    for row, (label, ref) in zip(rows, [("k5", "BIT-wu"), ("k5-mom0", "k5")]):
-        cells = [c.strip() for c in row.strip("|").split("|")]
+    for cells, (label, ref) in zip(rows, [("k5", "BIT-wu"), ("k5-mom0", "k5")]):
         seeds, mean, ci = _expected(label, ref)
         assert cells[3:7] == [label, ref, str(len(seeds)), ", ".join(map(str, seeds))]
         assert cells[7] == "%+.2f" % mean
         assert cells[8] == "[%+.2f, %+.2f]" % ci
-    assert "nothing" not in section
+    assert "nothing" not in md.split("between chosen runs")[1].split("\n## ")[0]
 
 
 def test_chosen_comparison_without_the_seeds_that_did_not_train(tmp_path):
@@ -226,14 +237,9 @@ def test_chosen_comparison_without_the_seeds_that_did_not_train(tmp_path):
     r = str(tmp_path)
     finals = {"k5": {1: 0.86, 2: 0.10, 3: 0.85, 4: 0.865},
               "BIT-wu": {1: 0.87, 2: 0.88, 3: 0.10, 4: 0.875}}
-    for label, seeds in finals.items():
-        for seed, final in seeds.items():
-            _write(r, label, seed, final)
+    _write_finals(r, finals)
     _tiny_meta(r, [], comparisons=[{"experiment": "m2", "run": "k5", "vs": "BIT-wu"}])
-    md = report.generate(r, plots=False).markdown
-    section = md.split("between chosen runs")[1].split("\n## ")[0]
-    rows = [l for l in section.splitlines() if l.startswith("| m2 |")]
-    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    cells = _chosen_rows(report.generate(r, plots=False).markdown)
     assert [c[3] for c in cells] == ["k5", "k5 (seeds that trained)"]
     assert cells[0][5:7] == ["4", "1, 2, 3, 4"]
     assert cells[1][5:7] == ["2", "1, 4"]     # seed 2 (k5) and 3 (BIT-wu) left out
