@@ -203,6 +203,35 @@ def test_pngs_exist_and_are_linked(logs):
     assert "cpsgd-reproduce spec.yaml -o out" in rep.markdown
 
 
+def _png_size(path):
+    """(width, height) in pixels from the PNG's IHDR chunk."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_band_figure_makes_room_for_a_long_legend_and_title(tmp_path):
+    """34 runs in one panel (the learning-rate grid's every-run figure): matplotlib must
+    find room for the legend and the title (it warns 'Tight layout not applied' when it
+    cannot, and the title then overlaps the panel's), and the figure grows with them."""
+    import warnings
+    from mxnet_cpsgd.repro import plots
+
+    def panel(n):
+        return [{"name": "M = 2", "lines": [
+            {"label": "run-%02d-lr0.0125" % i,
+             "seeds": [[(100 * e, 0.5 + 0.01 * e + 0.001 * i) for e in range(1, 5)]]}
+            for i in range(n)]}]
+    title = ("every run of a grid: validation accuracy vs iterations, a long title that "
+             "does not fit on one line of a single panel (band: range over seeds)")
+    few, many = str(tmp_path / "few.png"), str(tmp_path / "many.png")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        plots.plot_iteration_bands(panel(3), few, title)
+        plots.plot_iteration_bands(panel(34), many, title)
+    assert _png_size(many)[1] > _png_size(few)[1]
+
+
 def test_single_epoch_uses_it_and_runs_without_meta(tmp_path):
     root = str(tmp_path)
     _write_run(root, "t", "SSGD", "ssgd", None, 2, 1, 0.5, 2.0, order=0, meta=False,

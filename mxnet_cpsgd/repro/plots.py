@@ -17,6 +17,12 @@ def _pyplot():
     return plt
 
 
+def _fit_title(title: str, fig) -> str:
+    """The title broken into lines no wider than the figure (about 10 characters an inch),
+    so that a long title neither runs off the page nor squeezes the axes."""
+    return textwrap.fill(title, int(10 * fig.get_figwidth()))
+
+
 def plot_curves(groups: Sequence[Group], path: str, title: str) -> None:
     """Validation accuracy (left) and training loss (right) vs epoch, one line per run."""
     plt = _pyplot()
@@ -42,7 +48,7 @@ def plot_curves(groups: Sequence[Group], path: str, title: str) -> None:
     ax2.set_ylabel("training loss")
     ax2.set_yscale("log")
     ax2.grid(alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(_fit_title(title, fig))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -135,9 +141,17 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
     labels = list(dict.fromkeys(line["label"] for p in panels for line in p["lines"]))
     cmap = plt.get_cmap("tab20" if len(labels) > 10 else "tab10")
     colors = {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    # past the colour map's colours a label is told apart by a dashed line
+    styles = {label: "-" if i < cmap.N else "--" for i, label in enumerate(labels)}
     cols = len(panels) if len(panels) <= 3 else 2
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols + 0.5, 5.6 * rows),
+    # the legend under each panel: up to 12 entries a column, up to 3 columns; the
+    # figure grows by its rows so that neither legend nor title overlaps the axes
+    most = max(len(p["lines"]) for p in panels) if panels else 1
+    legend_cols = min(3, 1 + (most - 1) // 12)
+    legend_rows = -(-most // legend_cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols + 0.5,
+                                                  (4.6 + 0.2 * legend_rows) * rows + 0.8),
                              squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
@@ -155,7 +169,7 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
             xs = [seeds[0][i][0] for i in range(n)]
             vals = [[100 * s[i][1] for s in seeds] for i in range(n)]
             mean = [sum(v) / len(v) for v in vals]
-            ax.plot(xs, mean, "-", marker="o", ms=3, color=color,
+            ax.plot(xs, mean, styles[line["label"]], marker="o", ms=3, color=color,
                     label="%s (%d seed%s%s)" % (
                         line["label"], everyone, "s" if everyone > 1 else "",
                         "; %d did not train, not drawn: final %s %%" % (
@@ -170,8 +184,8 @@ def plot_iteration_bands(panels: Sequence[Dict[str, object]], path: str, title: 
         ax.grid(alpha=0.3)
         # each panel's own legend (its seed counts) under its axes, off the data
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8,
-                  frameon=False)
-    fig.suptitle(title)
+                  frameon=False, ncol=legend_cols)
+    fig.suptitle(_fit_title(title, fig))
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -230,7 +244,7 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
               ["vs %s" % r for r in refs], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title(textwrap.fill(title, int(10 * fig.get_figwidth())), fontsize=10)
+    ax.set_title(_fit_title(title, fig), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
