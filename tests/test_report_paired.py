@@ -151,11 +151,15 @@ def _write_finals(root, finals):
             _write(root, label, seed, final)
 
 
+def _chosen_section(md):
+    """The report's "between chosen runs" section, up to the next heading."""
+    return md.split("between chosen runs")[1].split("\n## ")[0]
+
+
 def _chosen_rows(md):
     """The cells of the "between chosen runs" table's rows."""
-    section = md.split("between chosen runs")[1].split("\n## ")[0]
     return [[c.strip() for c in row.strip("|").split("|")]
-            for row in section.splitlines() if row.startswith("| m2 |")]
+            for row in _chosen_section(md).splitlines() if row.startswith("| m2 |")]
 
 
 def _tiny_meta(root, runs, figures=None, comparisons=None):
@@ -228,7 +232,7 @@ def test_chosen_comparisons_between_two_algorithms(root):
         assert cells[3:7] == [label, ref, str(len(seeds)), ", ".join(map(str, seeds))]
         assert cells[7] == "%+.2f" % mean
         assert cells[8] == "[%+.2f, %+.2f]" % ci
-    assert "nothing" not in md.split("between chosen runs")[1].split("\n## ")[0]
+    assert "nothing" not in _chosen_section(md)
 
 
 def test_chosen_comparison_without_the_seeds_that_did_not_train(tmp_path):
