@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the project, and paths of the machine it was developed on
 PROCESS_TALK = re.compile(
     r"\bissues?[ -]?#?\d+|\bissue's\b|\bas the issue\b|\bthis session\b|\bother agents\b"
-    r"|\bother developers\b|\bcluster branch\b|/work/|/tmp/venv", re.IGNORECASE)
+    r"|\bother (?:developers|sessions)\b|\bcluster branch\b|/work/|/tmp/venv", re.IGNORECASE)
 
 
 def _pages():
@@ -31,7 +31,7 @@ def _hits(text):
 
 def test_the_pattern_finds_what_it_is_for():
     for bad in ("Issue 13 gave", "the issue-15 targets", "issue15-ab1", "in this session",
-                "shared with other agents", "other developers' jobs", "the cluster branch's",
+                "shared with other agents", "other developers' jobs", "five other sessions ran", "the cluster branch's",
                 "/work/main/.venv/bin/python", "/tmp/venv/lib", "as the issue specifies"):
         assert _hits(bad), bad
     for fine in ("issues a pull", "the tissue", "/tmp/cl/wd", "reissued"):
