@@ -31,8 +31,9 @@ def _hits(text):
 
 def test_the_pattern_finds_what_it_is_for():
     for bad in ("Issue 13 gave", "the issue-15 targets", "issue15-ab1", "in this session",
-                "shared with other agents", "other developers' jobs", "five other sessions ran", "the cluster branch's",
-                "/work/main/.venv/bin/python", "/tmp/venv/lib", "as the issue specifies"):
+                "shared with other agents", "other developers' jobs", "five other sessions ran",
+                "the cluster branch's", "/work/main/.venv/bin/python", "/tmp/venv/lib",
+                "as the issue specifies"):
         assert _hits(bad), bad
     for fine in ("issues a pull", "the tissue", "/tmp/cl/wd", "reissued"):
         assert not _hits(fine), fine
