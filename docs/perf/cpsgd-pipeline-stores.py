@@ -1,4 +1,4 @@
-"""Prototype and probe for cpsgd's compressed pipeline (issue 15; not project code).
+"""Prototype and probe for cpsgd's compressed pipeline (not project code).
 
 Run via ``cpsgd-bench --worker-setup docs/perf/cpsgd-pipeline-stores.py``.
 
