@@ -18,7 +18,7 @@ PROCESS_TALK = re.compile(
 
 
 def _pages():
-    pages = [os.path.join(ROOT, "README.md")]
+    pages = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md")]
     pages += glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
     return sorted(pages)
 
