@@ -49,16 +49,26 @@ def test_page_has_no_process_talk(page):
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
+def _anchors(path):
+    """GitHub's anchors of a Markdown file's headings."""
+    with open(path) as f:
+        headings = re.findall(r"^#+ (.*)$", f.read(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
 def test_relative_links_resolve(page):
     with open(page) as f:
         text = f.read()
     broken = []
     for target in LINK.findall(text):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"[a-z]+:", target):
             continue
-        path = target.split("#")[0]
-        if not os.path.exists(os.path.join(os.path.dirname(page), path)):
+        path, _, anchor = target.partition("#")
+        path = os.path.join(os.path.dirname(page), path) if path else page
+        if not os.path.exists(path):
+            broken.append(target)
+        elif anchor and path.endswith(".md") and anchor not in _anchors(path):
             broken.append(target)
     assert not broken, "%s: %s" % (os.path.relpath(page, ROOT), broken)
 
