@@ -396,3 +396,12 @@ def test_failed_attempt_is_kept_and_reported(tmp_path):
     assert "| main/SSGD-M2-loopback-s7 | 1 | 9 | 1 | worker 1 exited with code 1 |" in md
     reproduce._clear_logs(run_dir)          # a successful run's files are just removed
     assert sorted(os.listdir(run_dir)) == ["attempts"]
+
+
+def test_every_store_knob_is_recorded_in_run_json():
+    """A knob the spec sets reaches run.json's knobs, for every knob a store has (a new
+    knob is recorded without editing the runner)."""
+    from mxnet_cpsgd.repro.spec import KNOBS
+    from mxnet_cpsgd.stores.config import KNOBS as STORE_KNOBS
+    assert set(KNOBS) == set(STORE_KNOBS) - {"type"}
+    assert {"correction_schedule", "ratio", "rank", "correction_residual"} <= set(KNOBS)
