@@ -294,6 +294,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     the report says so, and the checkpoints are removed once it is complete."""
     import signal
     import subprocess
+    from mxnet_cpsgd.training.checkpoint import newest_complete
     spec = dict(SPEC, runs=[{"label": "k2", "algorithm": "cpsgd", "warmup_steps": 5,
                              "correction_period": 2}],
                 args=dict(SPEC["args"], **{"synthetic-batches": 150}), checkpoint_every=10)
@@ -309,13 +310,13 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
                              universal_newlines=True)
     try:
         deadline = time.monotonic() + 120
+        # stop once a checkpoint is complete (every rank's files and their hashes):
+        # rank 0's checkpoint.json alone can come before rank 1 has written its states
         while time.monotonic() < deadline and first.poll() is None:
-            if os.path.isdir(checkpoints) and any(
-                    os.path.isfile(os.path.join(checkpoints, n, "checkpoint.json"))
-                    for n in os.listdir(checkpoints)):
+            if os.path.isdir(checkpoints) and newest_complete(checkpoints) is not None:
                 break
             time.sleep(0.05)
-        assert first.poll() is None, "the run ended before its first checkpoint"
+        assert first.poll() is None, "the run ended before its first complete checkpoint"
         first.send_signal(signal.SIGTERM)
         text = first.communicate(timeout=60)[0]
     finally:
