@@ -313,3 +313,37 @@ def test_equivalence_outcomes_and_bad_margin():
     assert one.equivalence(0.5) == "one seed: no interval"
     with pytest.raises(ValueError):
         eq.equivalence(0)
+
+
+def test_report_shows_tost_at_the_spec_margin(root):
+    """With the spec's equivalence_margin the paired tables gain the 90 % interval and the
+    TOST verdict, each row's computed here from its differences with scipy."""
+    stats = pytest.importorskip("scipy.stats")
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"equivalence_margin": 0.5}, f)
+    md = report.generate(root, plots=False).markdown
+    assert "TOST at +-0.5" in md and "90 % CI" in md
+    for label, ref in (("k5", "SSGD"), ("BIT-wu", "SSGD")):
+        seeds = sorted(set(FINAL[label]) & set(FINAL[ref]))
+        d = [100 * (FINAL[label][s] - FINAL[ref][s]) for s in seeds]
+        n, mean = len(d), sum(d) / len(d)
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+        half = stats.t.ppf(0.95, n - 1) * se
+        verdict = ("equivalent" if -0.5 < mean - half and mean + half < 0.5
+                   else "not shown equivalent")
+        line = next(l for l in md.splitlines()
+                    if l.startswith("| m2 | 2 | loopback | %s | %s |" % (label, ref)))
+        assert line.endswith("| [%+.2f, %+.2f] | %s |" % (mean - half, mean + half, verdict))
+    # without a margin, no TOST column
+    os.remove(os.path.join(root, "reproduce.json"))
+    assert "TOST" not in report.generate(root, plots=False).markdown
+
+
+@pytest.mark.parametrize("margin", [0, -0.5, "0.5", True])
+def test_spec_refuses_a_bad_equivalence_margin(margin):
+    from mxnet_cpsgd.repro import spec as spec_mod
+    bad = {"script": "scripts/train_mnist.py", "runs": [{"label": "S", "algorithm": "ssgd"}],
+           "equivalence_margin": margin}
+    with pytest.raises(spec_mod.SpecError, match="equivalence_margin"):
+        spec_mod.validate_spec(bad)
+    spec_mod.validate_spec(dict(bad, equivalence_margin=0.5))

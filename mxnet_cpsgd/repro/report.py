@@ -163,6 +163,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "their accuracies are not shown, compared, plotted or checked (they are "
                "in their logs)." % ", ".join(sorted(timing_only)), ""]
 
+    margin = meta.get("equivalence_margin")
     pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
     if pairs:
         md += ["## Seed-paired differences to S-SGD", ""]
@@ -172,7 +173,9 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "seeds and its 95 % confidence interval (Student's t). The verdict says only "
                "what the interval allows.",
                ""]
-        md += [paired_markdown(pairs), ""]
+        if margin:
+            md += [equivalence_note(margin), ""]
+        md += [paired_markdown(pairs, margin), ""]
     chosen = [d for d in chosen_differences(acc_groups, meta.get("comparisons") or [])
               if d.n]
     if chosen:
@@ -182,7 +185,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "and seed, in points, as above. Where either run did not train at a seed "
                "(more than %.0f points below the best seed of its label) a second row "
                "leaves those seeds out." % FAILED_POINTS, ""]
-        md += [paired_markdown(chosen), ""]
+        md += [paired_markdown(chosen, margin), ""]
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
         figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)
@@ -344,17 +347,34 @@ def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,
     return out
 
 
-def paired_markdown(pairs: Sequence[PairedDiff]) -> str:
-    """The paired differences as a table (points)."""
+def equivalence_note(margin: float) -> str:
+    """How the equivalence column is decided."""
+    return ("Equivalence is decided by two one-sided tests (TOST) at the margin the spec "
+            "fixed before the runs, +-%g points: \"equivalent\" when the 90 %% confidence "
+            "interval of the mean paired difference lies inside [-%g, +%g]; an interval "
+            "that includes 0 is not enough." % (margin, margin, margin))
+
+
+def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None) -> str:
+    """The paired differences as a table (points); with ``margin``, also the 90 %
+    interval and the TOST verdict at +-margin points."""
     rows = []
     for d in pairs:
         ci = d.ci
-        rows.append([d.experiment, d.num_workers, d.rate or "loopback", d.label, d.reference,
-                     d.n, ", ".join(str(s) for s in d.seeds), "%+.2f" % d.mean,
-                     "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict])
-    return md_table(["experiment", "M", "network", "run", "vs", "pairs", "seeds",
-                     "mean diff (points)", "95 % CI", "verdict"], rows,
-                    ["l", "r", "l", "l", "l", "r", "l", "r", "l", "l"])
+        row = [d.experiment, d.num_workers, d.rate or "loopback", d.label, d.reference,
+               d.n, ", ".join(str(s) for s in d.seeds), "%+.2f" % d.mean,
+               "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict]
+        if margin:
+            ci90 = d.ci90
+            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin)]
+        rows.append(row)
+    header = ["experiment", "M", "network", "run", "vs", "pairs", "seeds",
+              "mean diff (points)", "95 % CI", "verdict"]
+    align = ["l", "r", "l", "l", "l", "r", "l", "r", "l", "l"]
+    if margin:
+        header += ["90 % CI", "TOST at +-%g" % margin]
+        align += ["l", "l"]
+    return md_table(header, rows, align)
 
 
 def reference_markdown(ref: Dict[str, object]) -> str:

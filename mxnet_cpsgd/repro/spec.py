@@ -25,7 +25,8 @@ EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
-                               "report_name", "figures", "comparisons")
+                               "report_name", "figures", "comparisons",
+                               "equivalence_margin")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -115,6 +116,11 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("%r must be a mapping" % key)
     validate_figures(spec.get("figures"), names)
     validate_comparisons(spec.get("comparisons"), names)
+    margin = spec.get("equivalence_margin")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
+                               or not margin > 0):
+        raise SpecError("'equivalence_margin' must be a positive number of accuracy points "
+                        "(fixed before the runs), got %r" % (margin,))
 
 
 def validate_comparisons(comparisons, experiment_names) -> None:
