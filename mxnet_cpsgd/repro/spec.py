@@ -426,7 +426,8 @@ def select_bench(plans: Sequence[bench_runs.BenchPlan], only: Sequence[str],
 
 #: the algorithm knobs of the training scripts (see train_common.KNOB_FLAGS)
 KNOBS = ("threshold", "correction_period", "warmup_steps", "sync_period", "local_lr",
-         "local_momentum", "glu_weight", "local_optimizer", "local_wd")
+         "local_momentum", "glu_weight", "local_optimizer", "local_wd", "momentum_path",
+         "local_input")
 
 
 def select(plans: Sequence[RunPlan], only: Sequence[str],

@@ -34,7 +34,11 @@ KNOB_FLAGS = {
     "ratio": ("--ratio", float),
     "rank": ("--rank", int),
     "correction_residual": ("--correction-residual", str),
+    "momentum_path": ("--momentum-path", str),
+    "local_input": ("--local-input", str),
 }
+#: knobs with a fixed set of values: the flag lists them
+KNOB_CHOICES = {"momentum_path": ("server", "worker"), "local_input": ("momentum", "gradient")}
 
 #: --lr-convention: what the servers apply the learning rate to, with M workers
 #: and B samples per worker (see docs/training.md, "Learning rate and batch size")
@@ -81,6 +85,7 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
         extra = ("; this script uses %r when the algorithm accepts it" % script_default
                  if script_default is not None else "")
         g.add_argument(flag, dest=knob, type=typ, default=None,
+                       choices=KNOB_CHOICES.get(knob),
                        help="algorithm knob %s (default: not passed, the algorithm's "
                             "own default%s)" % (knob, extra))
     p.set_defaults(knob_defaults=knob_defaults)
