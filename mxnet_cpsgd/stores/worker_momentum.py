@@ -37,6 +37,10 @@ momentum 0 and weight decay 0:  W_{t+1} = W_t - lr_t * r * sum_i u_t^i.
 
 Only MXNet's ``SGD`` (the Trainer's ``'sgd'``) can be split this way; other
 optimizers are refused.  ``save_optimizer_states`` keeps u.
+
+``cpsgd_<compressor>`` (all-reduce) does the same with the compressor and its
+error memory in place of the 2-bit quantizer, and its Opt_g (run on every
+worker) in place of the servers' optimizer.
 """
 import copy
 
@@ -109,48 +113,63 @@ class WorkerMomentum:
         return lr
 
     def accumulate(self, items, sources, rounds):
-        """u <- beta * ratio * u + g + wd-term for every pushing item; push u.
+        """The parameter-server store's step: :meth:`update` every pushing item.
 
         Called with the summed gradients in ``sources`` (each item's ``send``),
         before the local updates and pushes are issued.  Afterwards ``send`` holds
         u (what is pushed) and ``sources`` what the local step reads.
         """
-        scale = 1.0 / (self._optimizer.rescale_grad * self._num_workers)
         for it in items:
-            if it.plan.push is Push.NONE:
-                continue
-            key, param = it.key, it.param
-            grad = sources[key]
-            u = self._u.get(key)
-            if u is None:
-                u = self._u[key] = mx.nd.zeros(param.shape, ctx=grad.context,
-                                               dtype=grad.dtype)
-                if key in self._loaded:
-                    mx.nd.array(self._loaded.pop(key), ctx=grad.context,
-                                dtype=grad.dtype).copyto(u)
-            n = rounds[key]
-            factor = self._beta
-            if n > 0 and factor:
-                now = self._lr(n)
-                if now > 0:
-                    factor *= self._lr(n - 1) / now
-            wd = self._wd * self._wd_mult(key)
-            if factor:
-                u *= factor
-            else:
-                u[:] = 0
-            u += grad
-            if wd:
-                u += param.glob * (wd * scale)
-            if self.local_input == "gradient":
-                kept = self._grads.get(key)
-                if kept is None:
-                    kept = self._grads[key] = mx.nd.zeros_like(grad)
-                grad.copyto(kept)
-                sources[key] = kept
-            u.copyto(param.send)
-            if self.local_input != "gradient":
-                sources[key] = param.send
+            if it.plan.push is not Push.NONE:
+                sources[it.key] = self.update(it.key, sources[it.key], it.param.glob,
+                                              rounds[it.key], it.param.send)
+
+    def update(self, key, grad, glob, n, send):
+        """u <- beta * ratio * u + grad + wd-term for round ``n`` of ``key``; ``send`` <- u.
+
+        Args:
+            grad: the worker's summed gradient (may be ``send`` itself).
+            glob: the global weights W_n the worker holds.
+            n: the round (0-based) whose learning rate applies.
+            send: receives u (what is pushed or compressed).
+
+        Returns:
+            What the local step reads: ``send`` (u), or a copy of ``grad``.
+        """
+        u = self._u.get(key)
+        if u is None:
+            u = self._u[key] = mx.nd.zeros(grad.shape, ctx=grad.context, dtype=grad.dtype)
+            if key in self._loaded:
+                mx.nd.array(self._loaded.pop(key), ctx=grad.context,
+                            dtype=grad.dtype).copyto(u)
+        factor = self._beta
+        if n > 0 and factor:
+            now = self._lr(n)
+            if now > 0:
+                factor *= self._lr(n - 1) / now
+        if factor:
+            u *= factor
+        else:
+            u[:] = 0
+        u += grad
+        wd = self._wd * self._wd_mult(key)
+        if wd:
+            u += glob * (wd / (self._optimizer.rescale_grad * self._num_workers))
+        local = send
+        if self.local_input == "gradient":
+            local = self._grads.get(key)
+            if local is None:
+                local = self._grads[key] = mx.nd.zeros_like(grad)
+            grad.copyto(local)
+        u.copyto(send)
+        return local
+
+    def follow(self, server_opt):
+        """Give ``server_opt`` (a copy run on the workers) the Trainer's current
+        ``rescale_grad`` (and learning rate, without a schedule)."""
+        server_opt.rescale_grad = self._optimizer.rescale_grad
+        if self._optimizer.lr_scheduler is None:
+            server_opt.lr = self._optimizer.lr
 
     def _wd_mult(self, key):
         param = self._optimizer.param_dict.get(key)
