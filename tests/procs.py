@@ -12,32 +12,17 @@ import struct
 import subprocess
 import time
 
+from mxnet_cpsgd.cluster import procfs
+
 #: the environment variable that marks a test's processes (see the ``mark`` fixture)
 MARK_VAR = "CPSGD_TEST_MARK"
 
 
-def _is_zombie(pid):
-    with open("/proc/%s/stat" % pid) as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def processes_with_env(**wanted):
     """pids of live (non-zombie) processes whose environment has any NAME=value given."""
-    needles = {("%s=%s" % (k, v)).encode() for k, v in wanted.items() if v is not None}
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if int(pid) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if needles.isdisjoint(f.read().split(b"\0")):
-                    continue
-            if _is_zombie(pid):
-                continue
-        except (OSError, IndexError):
-            continue
-        found.append(int(pid))
-    return found
+    needles = {(k, str(v)) for k, v in wanted.items() if v is not None}
+    return [pid for pid in procfs.pids() if pid != os.getpid()
+            and not needles.isdisjoint(procfs.environ(pid).items()) and procfs.alive(pid)]
 
 
 def marked_processes(mark):
@@ -49,9 +34,9 @@ def pid_alive(pid):
     """os.kill(pid, 0), counting zombies as dead."""
     try:
         os.kill(pid, 0)
-        return not _is_zombie(pid)
-    except (OSError, IndexError):
+    except OSError:
         return False
+    return procfs.alive(pid)
 
 
 def kill_all(pids):

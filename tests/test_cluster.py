@@ -23,6 +23,7 @@ import pytest
 from procs import MARK_VAR, kill_all, listening, marked_processes, repo_pythonpath
 
 from mxnet_cpsgd.cluster import hosts as emulated
+from mxnet_cpsgd.cluster import procfs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -150,29 +151,13 @@ def launchers(mark):
         launcher.kill()
 
 
-def _environ(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            return dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-    except OSError:
-        return {}
-
-
-def _ppid(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def node_pids(mark, role, host):
     """(watchdog pid, node pid) of the job's node with this role on this host."""
     pids = [pid for pid in marked_processes(mark)
-            if _environ(pid).get(b"DMLC_ROLE") == role.encode()
-            and _environ(pid).get(b"DMLC_NODE_HOST") == host.encode()]
-    watchdogs = [p for p in pids if _ppid(p) not in pids]
-    nodes = [p for p in pids if _ppid(p) in pids]
+            if procfs.environ(pid).get("DMLC_ROLE") == role
+            and procfs.environ(pid).get("DMLC_NODE_HOST") == host]
+    watchdogs = [p for p in pids if procfs.ppid(p) not in pids]
+    nodes = [p for p in pids if procfs.ppid(p) in pids]
     assert len(watchdogs) == 1 and len(nodes) == 1, (role, host, pids)
     return watchdogs[0], nodes[0]
 
@@ -289,7 +274,7 @@ def test_remote_death_ends_the_job(make_hosts, launchers, mark, tmp_path, target
         expected = "server 0 on %s exited with signal SIGKILL; stopping the job" % h1
     else:
         watchdog = node_pids(mark, "worker", h2)[0]
-        victim = _ppid(watchdog)
+        victim = procfs.ppid(watchdog)
         assert victim in hosts.sshd_sessions(hosts.hosts[1]), (victim, _cmdline(victim))
         expected = "worker 0 on %s lost its ssh session (ssh exited with code 255" % h2
     os.kill(victim, signal.SIGKILL)
@@ -321,7 +306,7 @@ def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path,
                               "[worker 1 on %s] store up" % h1]), launcher.text[-4000:]
     # security model: nothing listens on a wildcard or another host's address
     for pid in marked_processes(mark):
-        host = _environ(pid).get(b"DMLC_NODE_HOST", b"").decode()
+        host = procfs.environ(pid).get("DMLC_NODE_HOST", "")
         for address, _ in listening(pid):
             assert address == host, (_cmdline(pid), address, host)
     assert any(listening(p) for p in marked_processes(mark))

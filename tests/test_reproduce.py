@@ -297,6 +297,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     the report says so, and the checkpoints are removed once it is complete."""
     import signal
     import subprocess
+    from mxnet_cpsgd.training.checkpoint import newest_complete
     spec = dict(SPEC, runs=[{"label": "k2", "algorithm": "cpsgd", "warmup_steps": 5,
                              "correction_period": 2}],
                 args=dict(SPEC["args"], **{"synthetic-batches": 150}), checkpoint_every=10)
@@ -312,13 +313,13 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
                              universal_newlines=True)
     try:
         deadline = time.monotonic() + 120
+        # stop once a checkpoint is complete (every rank's files and their hashes):
+        # rank 0's checkpoint.json alone can come before rank 1 has written its states
         while time.monotonic() < deadline and first.poll() is None:
-            if os.path.isdir(checkpoints) and any(
-                    os.path.isfile(os.path.join(checkpoints, n, "checkpoint.json"))
-                    for n in os.listdir(checkpoints)):
+            if os.path.isdir(checkpoints) and newest_complete(checkpoints) is not None:
                 break
             time.sleep(0.05)
-        assert first.poll() is None, "the run ended before its first checkpoint"
+        assert first.poll() is None, "the run ended before its first complete checkpoint"
         first.send_signal(signal.SIGTERM)
         text = first.communicate(timeout=60)[0]
     finally:
@@ -443,3 +444,12 @@ def test_failed_attempt_is_kept_and_reported(tmp_path):
     assert "| main/SSGD-M2-loopback-s7 | 1 | 9 | 1 | worker 1 exited with code 1 |" in md
     reproduce._clear_logs(run_dir)          # a successful run's files are just removed
     assert sorted(os.listdir(run_dir)) == ["attempts"]
+
+
+def test_every_store_knob_is_recorded_in_run_json():
+    """A knob the spec sets reaches run.json's knobs, for every knob a store has (a new
+    knob is recorded without editing the runner)."""
+    from mxnet_cpsgd.repro.spec import KNOBS
+    from mxnet_cpsgd.stores.config import KNOBS as STORE_KNOBS
+    assert set(KNOBS) == set(STORE_KNOBS) - {"type"}
+    assert {"correction_schedule", "ratio", "rank", "correction_residual"} <= set(KNOBS)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from mxnet_cpsgd.cluster import procfs
 from mxnet_cpsgd.cluster.watchdog import WATCHDOG
 
 MARK_ENV = "CPSGD_FAULT_MARK"
@@ -62,34 +63,8 @@ def plan_kinds(rng: random.Random, count: int, kinds: Sequence[str],
     return plan
 
 
-def _environ(pid: int) -> Dict[str, str]:
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    items = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in items}
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return [w.decode(errors="replace") for w in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return []
-
-
-def _state(pid: int) -> Optional[str]:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def _pids() -> List[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    return [pid for pid in procfs.pids() if pid != os.getpid()]
 
 
 @dataclass
@@ -103,17 +78,17 @@ class Node:
 def job_processes(mark: str) -> List[int]:
     """pids of the live (not zombie) processes that carry the job's mark."""
     return [pid for pid in _pids()
-            if _environ(pid).get(MARK_ENV) == mark and _state(pid) not in (None, "Z")]
+            if procfs.environ(pid).get(MARK_ENV) == mark and procfs.alive(pid)]
 
 
 def job_nodes(mark: str) -> List[Node]:
     """The node processes of the job (remote watchdogs left out)."""
     nodes = []
     for pid in job_processes(mark):
-        argv = _cmdline(pid)
+        argv = procfs.cmdline(pid)
         if len(argv) >= 3 and argv[1] == "-c" and argv[2] == WATCHDOG:
             continue  # a remote node's watchdog: its child is the node
-        env = _environ(pid)
+        env = procfs.environ(pid)
         role = env.get("DMLC_ROLE")
         if role not in ("worker", "server", "scheduler"):
             continue
@@ -133,8 +108,8 @@ def ssh_clients(mark: str) -> List[Tuple[int, str]]:
     needle = "%s=%s" % (MARK_ENV, mark)
     found = []
     for pid in _pids():
-        argv = _cmdline(pid)
-        if not argv or os.path.basename(argv[0]) != "ssh" or _state(pid) in (None, "Z"):
+        argv = procfs.cmdline(pid)
+        if not argv or os.path.basename(argv[0]) != "ssh" or not procfs.alive(pid):
             continue
         line = " ".join(argv)
         if needle not in line:
@@ -242,7 +217,7 @@ def continue_stopped(mark: str) -> List[int]:
     """SIGCONT every stopped process of the job (before a final teardown)."""
     resumed = []
     for pid in job_processes(mark):
-        if _state(pid) == "T":
+        if procfs.state(pid) == "T":
             try:
                 os.kill(pid, signal.SIGCONT)
                 resumed.append(pid)

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional
 
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.cluster import netem, procfs
 
 SSHD = "/usr/sbin/sshd"
 
@@ -227,14 +227,14 @@ class EmulatedHosts:
         if host.sshd is None:
             return []
         daemon = _inner_pid(host.sshd.pid)
-        return [pid for pid in _all_pids() if _ppid(pid) == daemon]
+        return [pid for pid in procfs.pids() if procfs.ppid(pid) == daemon]
 
     def processes(self, host: EmulatedHost) -> List[int]:
         """pids of every process in the host's namespace except its sshd daemon."""
         out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True,
                              text=True).stdout
         daemon = _inner_pid(host.sshd.pid) if host.sshd is not None else None
-        return [int(p) for p in out.split() if int(p) != daemon and _alive(int(p))]
+        return [int(p) for p in out.split() if int(p) != daemon and procfs.alive(int(p))]
 
     def close(self) -> None:
         """Stop every sshd, remove the namespaces and the files.  Idempotent."""
@@ -257,26 +257,6 @@ class EmulatedHosts:
 def _inner_pid(pid: int) -> int:
     # `ip netns exec` execs its program, so the Popen pid is sshd's own
     return pid
-
-
-def _all_pids() -> List[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _ppid(pid: int) -> Optional[int]:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 if __name__ == "__main__":  # a quick manual check: python -m mxnet_cpsgd.cluster.hosts

@@ -39,11 +39,10 @@ ps-lite's heartbeats
 scheduler only records them (for a recovering node), it never acts on a
 missing one, and a stopped node's sockets stay open.
 """
-import os
 import time
 from typing import Dict, List, Optional, Tuple
 
-from mxnet_cpsgd.cluster import ssh
+from mxnet_cpsgd.cluster import procfs, ssh
 from mxnet_cpsgd.cluster.nodes import Node
 
 #: ``start``, ``eval`` and ``save`` may be silent this many times the stall timeout
@@ -62,7 +61,6 @@ STOPPED, UNINTERRUPTIBLE = "T", "D"
 #: worker waiting for the others uses next to none; a loop gets more even on a
 #: machine loaded 10 times over)
 BUSY_SHARE = 0.05
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def process_state(node: Node) -> Tuple[Optional[str], Optional[float]]:
@@ -74,12 +72,8 @@ def process_state(node: Node) -> Tuple[Optional[str], Optional[float]]:
         return None, None
     if isinstance(proc, ssh.RemoteProcess):
         return proc.remote_state, None
-    try:
-        with open("/proc/%d/stat" % proc.pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
-    except (OSError, IndexError, ValueError):
-        return None, None
+    stat = procfs.stat(proc.pid)
+    return (stat.state, stat.cpu_s) if stat is not None else (None, None)
 
 
 def allowance(node: Node, stall_timeout: float) -> float:

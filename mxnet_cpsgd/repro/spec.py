@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..stores.config import KNOBS as STORE_KNOBS
 from . import bench_runs
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -424,10 +425,9 @@ def select_bench(plans: Sequence[bench_runs.BenchPlan], only: Sequence[str],
             and (not only or any(fnmatch.fnmatchcase(p.invocation_id, pat) for pat in only))]
 
 
-#: the algorithm knobs of the training scripts (see train_common.KNOB_FLAGS)
-KNOBS = ("threshold", "correction_period", "warmup_steps", "sync_period", "local_lr",
-         "local_momentum", "glu_weight", "local_optimizer", "local_wd", "momentum_path",
-         "local_input")
+#: the algorithm knobs a run records in run.json: every knob of the stores (the
+#: training scripts give each a flag), but 'type', which no script flag sets
+KNOBS = tuple(k for k in STORE_KNOBS if k != "type")
 
 
 def select(plans: Sequence[RunPlan], only: Sequence[str],
