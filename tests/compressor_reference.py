@@ -202,6 +202,12 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
       e_i emptied), else x = the compressor's exchange of the g_i (its memory,
       factors and P/Q alternation move on these steps only).
 
+    momentum_path 'worker': Opt_g is ``sgd`` without momentum and weight decay;
+    worker i keeps u_i (0 at first, constant lr) and at every step sets
+    u_i <- mu * u_i + g_i + wd * W / (r * M) (mu, wd, r of ``sgd``); u_i takes g_i's
+    place in everything above, and in the local step unless local_input is
+    'gradient'.
+
     Args:
         grads: grads[t][i][name], worker i's gradient at its own weights L_i.
         sgd: the Trainer's SGD (Opt_g, one state: W is the same everywhere).
@@ -221,6 +227,12 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
         phase = staggered_phases({n: w0[n] for n in sorted(w0, key=keys.get)}, period)
     for k in ("local_lr", "local_momentum", "local_wd", "local_optimizer"):
         knobs.pop(k, None)
+    worker = knobs.pop("momentum_path", "server") == "worker"
+    local_reads_g = knobs.pop("local_input", None) == "gradient"
+    mu, wd, r = sgd.momentum, sgd.wd, sgd.rescale
+    if worker:
+        sgd = type(sgd)(sgd.lr, 0.0, 0.0, rescale=r)
+    u = [{n: 0.0 for n in w0} for _ in range(workers)]
     rule = RULES[compressor](workers, knobs)
     w = {n: np.array(a, np.float64) for n, a in w0.items()}
     local = [dict(w) for _ in range(workers)]
@@ -229,6 +241,12 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
         new_w, new_l = {}, [{} for _ in range(workers)]
         for name in w:
             gs = [np.asarray(step_grads[i][name], np.float64) for i in range(workers)]
+            own = gs
+            if worker:
+                for i in range(workers):
+                    u[i][name] = mu * u[i][name] + gs[i] + wd * w[name] / (r * workers)
+                gs = [u[i][name] for i in range(workers)]
+                own = own if local_reads_g else gs
             if t < warmup:
                 total = sum(gs)
             elif (t + 1 - phase[name]) % period == 0:
@@ -241,7 +259,7 @@ def simulate_cp(compressor, knobs, w0, grads, keys, sgd, local_sgds, workers=2):
             new_w[name] = sgd.step(name, w[name], total)
             for i in range(workers):
                 new_l[i][name] = (new_w[name] if t < warmup else
-                                  local_sgds[i].step(name, w[name], step_grads[i][name]))
+                                  local_sgds[i].step(name, w[name], own[i]))
         w, local = new_w, new_l
         out_w.append(w)
         out_l.append(local)

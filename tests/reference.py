@@ -54,6 +54,14 @@ Algorithms (what ``simulate`` does per iteration t):
             pushes W_sync - L, servers run SGD(lr 1, no momentum, wd 0, rescale 1/M):
             W <- W - (1/M) * sum_i (W_sync - L_i); everybody pulls: L = W_sync = W.
   asgd:     no deterministic order; see ``asgd_linear_final``.
+
+momentum_path 'worker' (bitsgd, cpsgd): the servers run SGD with momentum 0 and wd 0
+(rescale r, lr(t)); worker i keeps u^i per parameter (0 at the start) and at every
+iteration t, warm-up included, sets
+    u^i <- mu * (lr(t-1) / lr(t)) * u^i + g_t^i + wd * W_t / (r * M)
+(the ratio 1 at t = 0 or when lr(t) = 0) and pushes u^i wherever the rule above
+pushes g_t^i (2-bit quantized or dense, the same schedule and residual).  cpsgd's
+local step reads u^i (local_input 'momentum' or None) or g_t^i ('gradient').
 """
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -65,12 +73,13 @@ ALGORITHMS = ("ssgd", "bitsgd", "odsgd", "cpsgd", "ssdsgd", "localsgd")
 # knobs each algorithm accepts, with the documented defaults
 DEFAULTS = {
     "ssgd": {},
-    "bitsgd": {"threshold": 0.5, "warmup_steps": None, "correction_period": None},
+    "bitsgd": {"threshold": 0.5, "warmup_steps": None, "correction_period": None,
+               "momentum_path": "server"},
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
               "correction_schedule": "aligned", "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
-              "local_wd": 0.0},
+              "local_wd": 0.0, "momentum_path": "server", "local_input": None},
     "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,
                "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
                "local_wd": None},
@@ -299,7 +308,10 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
         cfg[k] = v
     M = num_workers
     r = 1.0 / batch
-    server_opt = SGD(lr, momentum, wd, rescale=r)
+    worker_momentum = cfg.get("momentum_path") == "worker"
+    server_opt = SGD(lr, 0.0, 0.0, rescale=r) if worker_momentum \
+        else SGD(lr, momentum, wd, rescale=r)
+    u = [{n: np.zeros(np.shape(a)) for n, a in w0.items()} for _ in range(M)]
     if algorithm == "localsgd":
         server_opt = SGD(1.0, 0.0, 0.0, rescale=1.0 / M)
     lr_at = lr_schedule if lr_schedule is not None else (lambda t: lr)
@@ -348,6 +360,16 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
         g = [{n: np.asarray(a, np.float64) for n, a in grad_fn(i, t, _copy(L[i])).items()}
              for i in range(M)]
         kind = "dense"
+        local_g = g
+        if worker_momentum:
+            now = lr_at(t)
+            ratio_t = lr_at(t - 1) / now if t > 0 and now > 0 else 1.0
+            for i in range(M):
+                u[i] = {n: momentum * ratio_t * u[i][n] + g[i][n] + wd * W[n] / (r * M)
+                        for n in W}
+            if cfg.get("local_input") != "gradient":
+                local_g = u
+            g = u  # what is pushed
         if algorithm == "ssgd" or (algorithm in ("odsgd", "cpsgd", "ssdsgd") and t < warmup):
             W = server_round(g)
             L = [_copy(W) for _ in range(M)]
@@ -373,7 +395,7 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             else:
                 pushes = g
             # local step from the newest global weights the worker holds: W_t
-            L = [local_opts[i].step_all(W, g[i]) for i in range(M)]
+            L = [local_opts[i].step_all(W, local_g[i]) for i in range(M)]
             W = server_round(pushes)
         elif algorithm == "ssdsgd":
             n, k = t - warmup, cfg["sync_period"]

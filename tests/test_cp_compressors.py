@@ -68,6 +68,12 @@ RUNS = [
     dict(_cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5), label="cp-acpsgd-resumed",
          resume_at=6),
     {"label": "fp16", "kvstore": "fp16", "knobs": {"warmup_steps": 1}},
+    # momentum on the workers: u through the compressor and its error memory
+    _cp("cp-topk-wm", "topk", ratio=0.1, momentum_path="worker"),
+    _cp("cp-topk-wm-g", "topk", ratio=0.1, momentum_path="worker", local_input="gradient"),
+    _cp("cp-topk-all-wm", "topk", ratio=1, momentum_path="worker"),
+    dict(_cp("cp-topk-wm", "topk", ratio=0.1, momentum_path="worker"),
+         label="cp-topk-wm-resumed", resume_at=7),
 ]
 COMPRESSED = ["cp-signsgd", "cp-topk", "cp-topk-fold", "cp-topk-staggered", "cp-powersgd",
               "cp-powersgd-fold", "cp-acpsgd", "cp-fp16"]
@@ -131,7 +137,7 @@ def _replay(run, ranks, compressor=None, knobs=None):
                            sgd, local, WORKERS)
 
 
-@pytest.mark.parametrize("label", COMPRESSED + ["cp-dense"])
+@pytest.mark.parametrize("label", COMPRESSED + ["cp-dense", "cp-topk-wm", "cp-topk-wm-g"])
 def test_cp_store_matches_numpy_reference(job, label):
     """W and both ranks' L after every step equal the numpy replay of the rule."""
     run = next(r for r in RUNS if r["label"] == label)
@@ -193,7 +199,7 @@ def test_per_key_exchange_is_the_same_rule(job):
                           "per key vs grouped, rank %d" % r)
 
 
-@pytest.mark.parametrize("label", ["cp-topk", "cp-acpsgd"])
+@pytest.mark.parametrize("label", ["cp-topk", "cp-acpsgd", "cp-topk-wm"])
 def test_resume_restores_every_state(job, label):
     """save_states after some steps, a fresh network and Trainer, load_states: the
     run goes on exactly as the uninterrupted one (W, L, Opt_g, Opt_l momentum, error
@@ -203,6 +209,40 @@ def test_resume_restores_every_state(job, label):
             _assert_close(_arrays(job(label + "-resumed")[r], prefix),
                           _arrays(job(label)[r], prefix), EXACT_RTOL, EXACT_ATOL,
                           "%s resumed vs uninterrupted, rank %d, %s" % (label, r, prefix))
+
+
+def test_worker_momentum_topk_ratio_1_is_ssgd_with_momentum(job):
+    """cpsgd_topk with ratio 1 (nothing compressed away) and momentum_path='worker':
+    W is S-SGD with momentum (the Trainer's SGD, momentum 0.9, wd) on the sum of the
+    workers' gradients, computed here in float64 from the recorded gradients; after
+    warm-up each L is W_t - M * lr / B * u_i.  The momentum is really on the workers:
+    the servers' rule (momentum in Opt_g, L from g) gives other local weights."""
+    ranks = job("cp-topk-all-wm")
+    names = sorted(_arrays(ranks[0], "w:"))
+    lr, mu, wd = OPTIMIZER["learning_rate"], OPTIMIZER["momentum"], OPTIMIZER["wd"]
+    ssgd = SGD(lr, mu, wd, rescale=1.0 / BATCH)
+    w = {n: ranks[0]["W:" + n][0].astype(np.float64) for n in names}
+    u = [{n: 0.0 for n in names} for _ in range(WORKERS)]
+    warmup = 2
+    for t in range(ITERATIONS):
+        g = [{n: ranks[i]["g:" + n][t].astype(np.float64) for n in names}
+             for i in range(WORKERS)]
+        for i in range(WORKERS):
+            u[i] = {n: mu * u[i][n] + g[i][n] + wd * w[n] * BATCH / WORKERS for n in names}
+        local = [{n: w[n] - WORKERS * lr / BATCH * u[i][n] for n in names}
+                 for i in range(WORKERS)]
+        w = {n: ssgd.step(n, w[n], sum(gi[n] for gi in g)) for n in names}
+        for i in range(WORKERS):
+            _assert_close(_arrays(ranks[i], "W:", t + 1), w, EXACT_RTOL, EXACT_ATOL,
+                          "rank %d: W after %d steps vs S-SGD with momentum" % (i, t + 1))
+            _assert_close(_arrays(ranks[i], "w:", t + 1), w if t < warmup else local[i],
+                          EXACT_RTOL, EXACT_ATOL, "rank %d: L after %d steps" % (i, t + 1))
+    server_w, server_l = _replay(next(r for r in RUNS if r["label"] == "cp-topk-all-wm"),
+                                 ranks, knobs={"ratio": 1, "warmup_steps": 2,
+                                               "correction_period": 3})
+    last = _arrays(ranks[0], "w:", ITERATIONS)
+    assert any(not np.allclose(last[n], server_l[-1][0][n], rtol=1e-3, atol=1e-4)
+               for n in names)
 
 
 def test_fp16_store_matches_numpy_reference(job):
@@ -229,7 +269,9 @@ from mxnet import autograd, gluon
 cases = [('cpsgd_topk', {'threshold': 0.5}), ('cpsgd_topk', {'type': '2bit'}),
          ('cpsgd_signsgd', {'ratio': 0.1}), ('cpsgd_powersgd', {'correction_period': 0}),
          ('cpsgd_acpsgd', {'correction_residual': 'reset'}), ('fp16', {'correction_period': 2}),
-         ('topk', {'correction_residual': 'fold'}), ('cpsgd', {'correction_residual': 'fold'})]
+         ('topk', {'correction_residual': 'fold'}), ('cpsgd', {'correction_residual': 'fold'}),
+         ('topk', {'momentum_path': 'worker'}), ('cpsgd_topk', {'momentum_path': 'both'}),
+         ('cpsgd_topk', {'local_input': 'gradient'})]
 for name, knobs in cases:
     net = gluon.nn.Dense(2, in_units=3)
     net.initialize()
@@ -279,6 +321,10 @@ def test_bad_combinations_fail_before_the_first_step():
             "compression_params['correction_period'] is not used by kvstore 'fp16'",
             "compression_params['correction_residual'] is not used by kvstore 'topk'",
             "compression_params['correction_residual'] is not used by kvstore 'cpsgd'",
+            "compression_params['momentum_path'] is not used by kvstore 'topk'",
+            "CONFIG ERROR cpsgd_topk: compression_params['momentum_path'] must be one of "
+            "'server', 'worker', got 'both'",
+            "CONFIG ERROR cpsgd_topk: local_input='gradient' needs momentum_path='worker'",
             "RUNTIME ERROR kvstore 'cpsgd_fp16' needs update_on_kvstore=True",
             "CONFIG ERROR env: environment variable MXNET_CPSGD_CORRECTION_RESIDUAL must be "
             "'carry'"]:

@@ -6,6 +6,7 @@ the real launcher, and checks the report it writes.
 """
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -248,7 +249,8 @@ def test_tiny_grid_end_to_end(tmp_path):
     spec_path = _spec_file(tmp_path, SPEC)
     out = str(tmp_path / "out")
     started = time.monotonic()
-    code = reproduce.main([spec_path, "-o", out])
+    # --allow-dirty: the tree under test may have uncommitted changes
+    code = reproduce.main([spec_path, "-o", out, "--allow-dirty"])
     elapsed = time.monotonic() - started
     runs_dir = os.path.join(out, "runs", "main")
     outputs = ""
@@ -261,7 +263,7 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert elapsed < 150, "took %.0f s" % elapsed   # a hang guard, not a timing
     for run_id in ("SSGD-M2-loopback-s7", "k2-M2-loopback-s7", "HVD-M2-loopback-s7"):
         run = read_run(os.path.join(runs_dir, run_id))
-        assert run.meta["status"] == "ok"
+        assert run.meta["status"] == "ok" and run.meta["allow_dirty"] is True
         assert sorted(run.records) == [0, 1]
         for lines in run.records.values():
             assert [r["epoch"] for r in lines] == [0, 1]
@@ -281,7 +283,8 @@ def test_tiny_grid_end_to_end(tmp_path):
     assert "cpsgd-reproduce %s -o %s" % (spec_path, out) in md
     png = os.path.join(out, markdown.figure_name("curves", "main", 2, None))
     assert os.path.getsize(png) > 1000
-    # a second invocation finds every run complete and runs nothing
+    # a second invocation finds every run complete and runs nothing (so a dirty
+    # tree is no reason to refuse it)
     started = time.monotonic()
     assert reproduce.main([spec_path, "-o", out]) == 0
     assert time.monotonic() - started < 20
@@ -305,7 +308,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     checkpoints = os.path.join(run_dir, reproduce.CHECKPOINTS_DIR)
     assert "--checkpoint-every 10" in plan.command_text()
     env = dict(os.environ, PYTHONPATH=reproduce.PROJECT_ROOT)
-    cmd = [sys.executable, "-m", "mxnet_cpsgd.repro", spec_path, "-o", out]
+    cmd = [sys.executable, "-m", "mxnet_cpsgd.repro", spec_path, "-o", out, "--allow-dirty"]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              universal_newlines=True)
     try:
@@ -332,7 +335,7 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     resumed_at = int(os.path.basename(point["checkpoint"]).split("-")[1])
     assert 10 <= resumed_at < 300
 
-    code = reproduce.main([spec_path, "-o", out])
+    code = reproduce.main([spec_path, "-o", out, "--allow-dirty"])
     with open(os.path.join(run_dir, "output.log")) as f:
         output = f.read()
     assert code == 0, output[-3000:]
@@ -374,6 +377,50 @@ def test_code_version_ignores_the_output_directory(tmp_path):
     assert reproduce.code_version(str(tmp_path))["dirty"] is True
     (tmp_path / "code.py").write_text("x = 2\n")
     assert reproduce.code_version(str(tmp_path), exclude=str(tmp_path / "out"))["dirty"] is True
+
+
+def test_dirty_tree_is_refused_unless_allowed(tmp_path):
+    """cpsgd-reproduce run from a copy of the code in a git checkout with an
+    uncommitted change refuses to start runs (exit 2, naming --allow-dirty) and
+    writes nothing; once the change is committed the check lets runs start."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path / "code")] + list(args), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code_dir = tmp_path / "code"
+    shutil.copytree(os.path.join(reproduce.PROJECT_ROOT, "mxnet_cpsgd"),
+                    str(code_dir / "mxnet_cpsgd"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    with open(str(code_dir / "mxnet_cpsgd" / "__init__.py"), "a") as f:
+        f.write("# an uncommitted change\n")
+    spec_path = _spec_file(tmp_path, dict(SPEC, runs=SPEC["runs"][:1]))
+    out = str(tmp_path / "out")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(code_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+
+    def python(*args):
+        # cwd: python -m / -c import from the current directory first
+        return subprocess.run([sys.executable] + list(args), env=env, timeout=120,
+                              cwd=str(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    refused = python("-c", "import mxnet_cpsgd.repro.runner as r, sys; "
+                     "assert r.__file__.startswith(%r); sys.exit(r.main(%r))"
+                     % (str(code_dir), [spec_path, "-o", out]))
+    assert refused.returncode == 2, refused.stdout
+    assert "uncommitted changes" in refused.stdout and "--allow-dirty" in refused.stdout
+    assert "SSGD-M2-loopback-s7" in refused.stdout
+    assert not os.path.exists(out)
+    # the same check, on the copy's tree once the change is committed, lets runs start
+    check = ("import mxnet_cpsgd.repro.gitstate as g; assert g.__file__.startswith(%r); "
+             "g.refuse_dirty_tree(['r'], %r); print('clean')" % (str(code_dir), out))
+    assert "uncommitted changes" in python("-c", check).stdout
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "d")
+    clean = python("-c", check)
+    assert clean.returncode == 0 and clean.stdout.strip().endswith("clean"), clean.stdout
 
 
 def test_failed_attempt_is_kept_and_reported(tmp_path):

@@ -272,7 +272,8 @@ def test_bench_experiment_end_to_end(tmp_path):
     with open(spec_path, "w") as f:
         yaml.safe_dump(_bench_spec(rates), f)
     out = str(tmp_path / "out")
-    code, output = _reproduce([spec_path, "-o", out], out, BUDGET_S)
+    # --allow-dirty: the tree under test may have uncommitted changes
+    code, output = _reproduce([spec_path, "-o", out, "--allow-dirty"], out, BUDGET_S)
     inv_dir = os.path.join(out, "bench", "te", "M2")
     log = os.path.join(inv_dir, "output.log")
     assert code == 0, open(log).read()[-3000:] if os.path.exists(log) else output

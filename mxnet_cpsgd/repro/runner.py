@@ -4,7 +4,7 @@ Usage::
 
     cpsgd-reproduce SPEC [-o OUT] [--only LABEL ...] [--experiment NAME ...]
                     [--force] [--dry-run] [--report-only]
-                    [--if-no-emulation {fail,skip,unshaped}]
+                    [--if-no-emulation {fail,skip,unshaped}] [--allow-dirty]
     python -m mxnet_cpsgd.repro.runner ...
 
 A spec (YAML or JSON; see specs/ and docs/reproduce.md) names the training
@@ -38,6 +38,7 @@ from .spec import (CHECKPOINTS_DIR, RunPlan, SpecError, _merge_args, args_to_arg
                    expand_bench_plans, load_spec, select, select_bench)
 # also part of cpsgd-reproduce's API as this module's (tests, scripts)
 from .spec import PROJECT_ROOT, resolve_script, split_run_id, validate_spec  # noqa: F401
+from .gitstate import DirtyTreeError, code_version, refuse_dirty_tree
 
 def logs_complete(plan: RunPlan, run_dir: str) -> bool:
     """Every rank 0..M-1 left a log whose epochs are 0..E-1 (E = --num-epochs;
@@ -101,37 +102,6 @@ def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def code_version(directory: Optional[str] = None,
-                 exclude: Optional[str] = None) -> Dict[str, object]:
-    """The git commit of the code that runs, and whether the tree has uncommitted
-    changes (``{'commit': None, 'dirty': None}`` outside a git checkout).
-
-    Args:
-        directory: where to ask git (default: this package's directory).
-        exclude: a directory whose changes do not count (the reproduction's output,
-            which the runner itself writes before every run).
-    """
-    import subprocess
-    where = directory or os.path.dirname(os.path.abspath(__file__))
-
-    def git(*args):
-        return subprocess.run(["git", "-C", where] + list(args), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, universal_newlines=True,
-                              timeout=30, check=True).stdout.strip()
-    try:
-        commit = git("rev-parse", "HEAD")
-        paths = []
-        if exclude:
-            top = git("rev-parse", "--show-toplevel")
-            rel = os.path.relpath(os.path.realpath(exclude), os.path.realpath(top))
-            if not rel.startswith(os.pardir):
-                paths = ["--", ":(top)", ":(top,exclude)%s" % rel]
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no", *paths))
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": dirty}
-
-
 def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
     """A run's ``run.json``; pass ``code`` (:func:`code_version` when the run
     started), else it is taken now."""
@@ -193,7 +163,8 @@ def _checkpoint_iteration(path: Optional[str]) -> Optional[int]:
 
 def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             emulation_error: Optional[str] = None, echo=None,
-            resume_from: Optional[Dict[str, object]] = None) -> Dict[str, object]:
+            resume_from: Optional[Dict[str, object]] = None,
+            allow_dirty: bool = False) -> Dict[str, object]:
     """Run one job and write its ``run.json``; returns that metadata.
 
     Args:
@@ -206,6 +177,8 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
         echo: a stream for the job's output lines as they come (None: only the file).
         resume_from: what :func:`resume_point` found for this run: go on from its
             checkpoint; None starts the run from the beginning.
+        allow_dirty: recorded in ``run.json``: the user let runs start from a tree
+            with uncommitted changes (``--allow-dirty``).
 
     A resumable run (``plan.checkpoint_every``) whose earlier sitting stopped
     goes on from its newest complete checkpoint, appending to its logs; its
@@ -224,7 +197,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     rate = plan.rate
     if rate and emulation_error:
         if if_no_emulation in ("fail", "skip"):
-            meta = run_meta(plan, code=code,
+            meta = run_meta(plan, code=code, allow_dirty=allow_dirty,
                             status="failed" if if_no_emulation == "fail" else "skipped",
                             returncode=None, wall_time=0.0, started=_now(), finished=_now(),
                             failure="network emulation unavailable: %s" % emulation_error)
@@ -248,7 +221,8 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             returncode, failure = None, "%s: %s" % (type(err).__name__, err)
             log.write("cpsgd-reproduce: %s\n" % failure)
     ok = returncode == 0
-    meta = run_meta(plan, code=code, status="ok" if ok else "failed", returncode=returncode,
+    meta = run_meta(plan, code=code, allow_dirty=allow_dirty,
+                    status="ok" if ok else "failed", returncode=returncode,
                     failure=failure, wall_time=round(time.monotonic() - t0, 2),
                     started=started, finished=_now(), actual_rate=rate)
     if ok and not logs_complete(plan, run_dir):
@@ -267,7 +241,7 @@ def _record_sitting(meta: Dict[str, object], previous: Optional[Dict[str, object
     """Add this sitting to ``meta["sittings"]`` after the earlier ones; the run's
     ``started`` and ``wall_time`` become the first sitting's and the sum."""
     sitting = {key: meta.get(key) for key in ("started", "finished", "wall_time", "code",
-                                              "status", "failure")}
+                                              "allow_dirty", "status", "failure")}
     sitting["resumed_from_iteration"] = _checkpoint_iteration(
         previous["checkpoint"]) if previous else None
     sittings = list(previous.get("sittings") or []) if previous else []
@@ -345,8 +319,12 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
               command: Optional[str] = None, only: Sequence[str] = (),
               experiments: Sequence[str] = (), force: bool = False,
               if_no_emulation: str = "fail", python: Optional[str] = None,
-              echo=None, progress=sys.stdout, report: bool = True) -> int:
+              echo=None, progress=sys.stdout, report: bool = True,
+              allow_dirty: bool = False) -> int:
     """Run every incomplete run of the spec, then write the report.
+
+    Raises :class:`DirtyTreeError`, before anything is written, when a run would
+    start from code with uncommitted changes and ``allow_dirty`` is not set.
 
     Returns:
         0 when every selected run is complete (or skipped by ``if_no_emulation``),
@@ -359,6 +337,11 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
         raise SpecError("no run matches --only/--experiment")
     python = python or sys.executable
     command = command or "cpsgd-reproduce %s -o %s" % (spec_path or "SPEC", out)
+    if not allow_dirty:
+        refuse_dirty_tree(
+            [p.run_id for p in chosen if force or not run_is_complete(p, p.directory(out))]
+            + [p.invocation_id for p in chosen_bench
+               if force or not bench_runs.is_complete(p, out)], out)
     write_reproduce_meta(out, spec, spec_path, command, plans)
     need_emulation = any(p.rate for p in chosen)
     emulation_error = emulation_problem() if need_emulation else None
@@ -377,7 +360,7 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,
                                                              point["checkpoint"]))
         meta = execute(plan, out, python, if_no_emulation, emulation_error, echo,
-                       resume_from=point)
+                       resume_from=point, allow_dirty=allow_dirty)
         brief = ""
         if meta["status"] == "ok":
             s = summary.summarize_run(logs.read_run(run_dir))
@@ -439,6 +422,9 @@ def _parser() -> argparse.ArgumentParser:
                         "on plain loopback")
     p.add_argument("--python", default=None,
                    help="interpreter of the workers (default: this one)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="start runs even when the code's git tree has uncommitted changes "
+                        "(refused otherwise; run.json records allow_dirty)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="echo every node's output lines (always written to "
                         "OUT/runs/<run>/output.log)")
@@ -478,8 +464,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         return reproduce(spec, out, args.spec, command, args.only, args.experiment,
                          args.force, args.if_no_emulation, args.python,
-                         echo=sys.stdout if args.verbose else None)
-    except SpecError as err:
+                         echo=sys.stdout if args.verbose else None,
+                         allow_dirty=args.allow_dirty)
+    except (SpecError, DirtyTreeError) as err:
         parser.error(str(err))
     except KeyboardInterrupt:
         print("cpsgd-reproduce: interrupted; rerun the same command to continue",

@@ -155,6 +155,13 @@ KNOBS = {
     "correction_residual": (_correction_residual,
                             "CP-SGD on all-reduce: 'carry' (the error memory skips a "
                             "correction step) or 'fold' (it is sent with it and emptied)"),
+    "momentum_path": (_choice("server", "worker"),
+                      "'server' (the servers run the Trainer's momentum, default) or "
+                      "'worker' (each worker pushes its own momentum u = beta u + g "
+                      "through the compressor; the servers run plain SGD)"),
+    "local_input": (_choice("momentum", "gradient"),
+                    "cpsgd with momentum_path='worker': what the local step reads, "
+                    "'momentum' (u, default) or 'gradient' (g)"),
 }
 
 
@@ -196,6 +203,11 @@ class AlgorithmConfig:
         correction_residual: ``cpsgd_<compressor>`` stores: ``'carry'`` (default;
             a correction step sends the plain gradient and leaves the error memory
             alone) or ``'fold'`` (it sends gradient + memory and empties the memory).
+        momentum_path: ``'server'`` (default: the servers run the Trainer's
+            momentum) or ``'worker'`` (every worker keeps u = beta u + g, pushes u
+            through the compressor, the servers run plain SGD; ``bitsgd``, ``cpsgd``).
+        local_input: ``cpsgd`` with ``momentum_path='worker'``: what the local step
+            reads, ``'momentum'`` (u, default) or ``'gradient'`` (g).
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -212,6 +224,8 @@ class AlgorithmConfig:
     ratio: Optional[float] = None
     rank: Optional[int] = None
     correction_residual: Optional[str] = None
+    momentum_path: Optional[str] = None
+    local_input: Optional[str] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""
@@ -279,6 +293,10 @@ def resolve(algorithm, defaults, params=None, environ=None):
                 continue
             validator = KNOBS[knob][0]
             settings[knob] = validator(label, value)
+    if settings.get("local_input") is not None and settings.get("momentum_path") != "worker":
+        raise ConfigError("local_input=%r needs momentum_path='worker' (kvstore '%s' runs "
+                          "momentum_path=%r)" % (settings["local_input"], algorithm,
+                                                 settings.get("momentum_path")))
     return AlgorithmConfig(algorithm, **settings)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from kvstore_ext import CompressionSwitch
 
 from . import config as config_mod
+from . import worker_momentum
 from .key_layout import KeyLayout, bigarray_bound
 from .local_optimizer import LocalOptimizer
 from .policies.base import Local, Payload, Pull, Push
@@ -131,6 +132,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._policy = None
         self._kv = None
         self._switch = None
+        self._worker_momentum = None
         self._optimizer = None
         self._local = None
         self._layout = None
@@ -191,6 +193,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             return  # a second Trainer reuses the store as it is
         self._start()
         self._policy = self.policy_class(self._config)
+        self._worker_momentum = worker_momentum.for_config(self._config)
         if self._policy.uses_compression:
             switch = CompressionSwitch(self._kv)
             switch.enable(self._config.threshold)
@@ -294,6 +297,8 @@ class PolicyStore(mx.kv.KVStoreBase):
         # a copy: the multipliers set later must not touch the Trainer's optimizer
         server_opt = pickle.loads(pickle.dumps(chosen))
         server_opt.lr_mult_source = chosen is optimizer
+        if self._worker_momentum is not None:
+            self._worker_momentum.adopt(optimizer, self._kv.num_workers, server_opt)
         return server_opt
 
     def _adopt_optimizer(self, optimizer):
@@ -485,6 +490,8 @@ class PolicyStore(mx.kv.KVStoreBase):
             else:
                 grads[0].copyto(param.send)
                 sources[key] = param.send
+        if self._worker_momentum is not None:  # push u, not g
+            self._worker_momentum.accumulate(items, sources, self._rounds)
         # 2. local updates, one aggregated optimizer call per kind
         for kind in (Local.FROM_GLOBAL, Local.FROM_LOCAL):
             group = [it for it in items if it.plan.local is kind]
@@ -615,6 +622,7 @@ class PolicyStore(mx.kv.KVStoreBase):
             "rounds": dict(self._rounds),
             "params": params,
             "local": self._local.get_states() if self._local is not None else None,
+            "worker_momentum": worker_momentum.save(self._worker_momentum),
             "optimizer": self._optimizer if dump_optimizer else None,
         }
         with open(fname, "wb") as f:
@@ -648,6 +656,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                                     % (entry["weights"].shape, tuple(param.shape))))
         self._flush_step()
         mx.nd.waitall()
+        worker_momentum.load(self._worker_momentum, blob, fname)
         if blob["optimizer"] is not None:
             # like MXNet's own Trainer.load_states: continue with the saved optimizer
             # (its rescale_grad and counters); the servers get a fresh copy, and a new

@@ -37,7 +37,11 @@ KNOB_FLAGS = {
     "ratio": ("--ratio", float),
     "rank": ("--rank", int),
     "correction_residual": ("--correction-residual", str),
+    "momentum_path": ("--momentum-path", str),
+    "local_input": ("--local-input", str),
 }
+#: knobs with a fixed set of values: the flag lists them
+KNOB_CHOICES = {"momentum_path": ("server", "worker"), "local_input": ("momentum", "gradient")}
 # knobs with no script flag: the compression type is always MXNet's 2-bit
 NO_FLAG_KNOBS = ("type",)
 
@@ -96,6 +100,7 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
         extra = ("; this script passes %r to the stores that accept it" % script_default
                  if script_default is not None else "")
         g.add_argument(flag, dest=knob, type=typ, default=None,
+                       choices=KNOB_CHOICES.get(knob),
                        help="knob %s: %s (when not given: the store's own default, "
                             "listed in docs/knobs.md%s)"
                             % (knob, KNOBS[knob][1].replace("%", "%%"), extra))

@@ -8,6 +8,9 @@ Two optional knobs isolate CP-SGD's mechanisms in ablations (both off by default
   gradient when ``(t + 1) % correction_period == 0`` (CP-SGD's k-step correction,
   its 1-based count; the residual is neither fed nor reset), still pulling and
   waiting: the correction without CP-SGD's local update.
+
+``momentum_path='worker'`` moves momentum to the workers (see
+:mod:`mxnet_cpsgd.stores.worker_momentum`).
 """
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
@@ -18,7 +21,7 @@ class BITSGD(Policy):
     name = "bitsgd"
     # None: off (no warm-up, no correction), so plain BIT-SGD unless asked
     defaults = {"type": "2bit", "threshold": 0.5, "warmup_steps": None,
-                "correction_period": None}
+                "correction_period": None, "momentum_path": "server"}
     uses_compression = True
 
     def plan(self, step, key):

@@ -12,6 +12,9 @@ when ``(t + 1 - p) % correction_period == 0``, so that each iteration carries
 about 1/correction_period of the model's bytes at full precision instead of
 all of them every correction_period-th iteration.  ``'aligned'`` (default) is
 the authors' rule (every phase 0).
+
+``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
+what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
 """
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
@@ -49,7 +52,8 @@ class CPSGD(Policy):
     defaults = {"type": "2bit", "threshold": 0.5, "correction_period": 5,
                 "correction_schedule": "aligned",
                 "warmup_steps": 1000, "local_lr": None, "local_momentum": 0.0,
-                "local_optimizer": "sgd", "local_wd": 0.0}
+                "local_optimizer": "sgd", "local_wd": 0.0, "momentum_path": "server",
+                "local_input": None}
     uses_compression = True
     uses_local_optimizer = True
 

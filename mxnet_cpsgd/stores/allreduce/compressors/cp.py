@@ -14,6 +14,10 @@ the bytes are is the compressor's.  Per key ``k`` and iteration ``t``:
   for nothing of step ``t``'s exchange; ``x`` is the compressor's message
   (``Push.COMPRESSED``) or, on a correction step (``Push.DENSE``), the plain
   gradient, sent uncompressed;
+* ``momentum_path='worker'``: every worker keeps u (docs/algorithms/cpsgd.md,
+  :mod:`~mxnet_cpsgd.stores.worker_momentum`) and u takes g's place in what is
+  compressed or sent dense (and, by default, in the local step); Opt_g is the
+  Trainer's optimizer without momentum and weight decay;
 * on a correction step the error memory follows the 2-bit store's rule with
   ``correction_residual='carry'`` (not added, not reset; Tugraph/CD-SGD,
   src/kvstore/kvstore_dist.h lines 451-457), or with ``'fold'`` is sent with the
@@ -31,6 +35,7 @@ import pickle
 import mxnet as mx
 import numpy as np
 
+from ... import worker_momentum
 from ...local_optimizer import LocalOptimizer
 from ...policies.base import Local, Payload, Pull, Push
 from ...policies.cpsgd import CPSGD
@@ -60,11 +65,12 @@ class _Slot:
 
 
 class _Item:
-    __slots__ = ("key", "slot", "outs", "plan", "priority", "step", "message")
+    __slots__ = ("key", "slot", "outs", "plan", "priority", "step", "message", "local")
 
-    def __init__(self, key, slot, outs, plan, priority, step, message):
+    def __init__(self, key, slot, outs, plan, priority, step, message, local):
         self.key, self.slot, self.outs, self.plan = key, slot, outs, plan
         self.priority, self.step, self.message = priority, step, message
+        self.local = local  # what the local step reads: send (g, or u), or a copy of g
 
 
 class CPAllreduce(CompressedHorovod):
@@ -104,6 +110,7 @@ class CPAllreduce(CompressedHorovod):
     def _configure(self):
         super()._configure()
         self._policy = self.step_policy_class(self._config)
+        self._worker_momentum = worker_momentum.for_config(self._config)
 
     @staticmethod
     def is_capable(capability):
@@ -113,7 +120,13 @@ class CPAllreduce(CompressedHorovod):
     def set_optimizer(self, optimizer):
         """Opt_g: the Trainer's optimizer on W; Opt_l: the policy's local optimizer."""
         self._optimizer = optimizer
-        self._updater = mx.optimizer.get_updater(optimizer)
+        opt_g = optimizer
+        if self._worker_momentum is not None:
+            # Opt_g without momentum and weight decay: a copy (the pickle drops param_dict)
+            opt_g = pickle.loads(pickle.dumps(optimizer))
+            opt_g.param_dict = optimizer.param_dict
+            self._worker_momentum.adopt(optimizer, self.num_workers, opt_g)
+        self._updater = mx.optimizer.get_updater(opt_g)
         set_keys = getattr(self._policy, "set_keys", None)
         if set_keys is not None:  # a policy whose schedule depends on the parameters
             set_keys({i: int(np.prod(p.shape)) for i, p in optimizer.param_dict.items()})
@@ -165,13 +178,17 @@ class CPAllreduce(CompressedHorovod):
             grads[0].copyto(slot.send)
         plan = self._policy.plan(self._steps[key], key)
         self._check_plan(plan)
+        local = slot.send
+        if self._worker_momentum is not None:  # send u, not g (compressed or dense)
+            local = self._worker_momentum.update(key, slot.send, slot.glob, self._steps[key],
+                                                 slot.send)
         step, message = None, None
         if plan.push is Push.COMPRESSED:
             step = self._compressed_steps[key]
             self._compressed_steps[key] = step + 1
             message = self._compressor.compress(key, slot.send, step)
         self._steps[key] += 1
-        item = _Item(key, slot, _as_list(out), plan, priority, step, message)
+        item = _Item(key, slot, _as_list(out), plan, priority, step, message, local)
         if not self.group_per_step:
             self._carry_out([item], key)
             return
@@ -199,7 +216,7 @@ class CPAllreduce(CompressedHorovod):
             for it in local:
                 it.slot.glob.copyto(it.slot.weights)
             self._local.step([it.key for it in local], [it.slot.weights for it in local],
-                             [it.slot.send for it in local],
+                             [it.local for it in local],
                              max(self._steps[it.key] - 1 for it in local))
         for it in items:
             if it.message is None:
@@ -210,6 +227,8 @@ class CPAllreduce(CompressedHorovod):
                 it.message = Message([it.slot.send], ALLREDUCE, "dense",
                                      {"cp_dense": True})
         self._exchange(items, slot, self._steps[items[0].key] % _IN_FLIGHT)
+        if self._worker_momentum is not None:
+            self._worker_momentum.follow(self._updater.optimizer)
         self._updater([it.key for it in items], [it.slot.send for it in items],
                       [it.slot.glob for it in items])
         for it in items:
@@ -271,6 +290,7 @@ class CPAllreduce(CompressedHorovod):
             "global_optimizer": self._updater.get_states(dump_optimizer=False),
             "local": self._local.get_states(),
             "compressor": self._compressor.get_states(),
+            "worker_momentum": worker_momentum.save(self._worker_momentum),
             "optimizer": self._optimizer if dump_optimizer else None,
         }
         with open(fname, "wb") as f:
@@ -293,6 +313,7 @@ class CPAllreduce(CompressedHorovod):
                 raise ValueError("%s does not match this model: parameter %r" % (fname, k))
         self.end_of_step()
         mx.nd.waitall()
+        worker_momentum.load(self._worker_momentum, blob, fname)
         if blob["optimizer"] is not None:
             loaded = blob["optimizer"]
             loaded.param_dict = self._optimizer.param_dict
