@@ -35,13 +35,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
 
-from mxnet_cpsgd.cluster import netem, ssh
+from mxnet_cpsgd.cluster import engines, netem, slurm, ssh
 from mxnet_cpsgd.cluster.local_nodes import (PLACEMENTS, build_local_nodes,  # noqa: F401
                                              horovod_env, host_of_nodes)
 from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
                                        WORKER_INDEX_ENV, WORKER_SITE_DIR, LaunchError,
                                        describe_exit, free_port)
-from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes, prepare_cluster, sweep_hosts
 from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S, LONG_PHASE_FACTOR
 from mxnet_cpsgd.cluster.supervise import Job, Output
 
@@ -149,7 +148,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             job_timeout: Optional[float] = None, emulate_network: Optional[str] = None,
             log_dir: Optional[str] = None, stream: Optional[IO[str]] = sys.stdout,
             port: Optional[int] = None, handle_signals: bool = True,
-            cluster: Optional[ssh.Cluster] = None,
+            cluster: Optional[engines.Cluster] = None,
             placement: str = "separate", allreduce: bool = False,
             stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
             max_restarts: int = 0) -> JobResult:
@@ -174,7 +173,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         handle_signals: when called from the main thread, turn SIGINT, SIGTERM
             and SIGHUP into a teardown (returncode 128+N) while the job runs.
         cluster: run on the hosts of this :class:`ssh.Cluster` over ssh
-            (``-H HOSTFILE``) instead of on this machine.  Every host is
+            (``-H HOSTFILE``), or on the nodes of this
+            :class:`slurm.SlurmCluster` with srun, instead of on this machine.  Every host is
             checked first; one that cannot be used ends the job (returncode
             1, ``failure`` naming it) before any node starts.
         placement: with ``emulate_network``, ``'separate'`` (every node on its
@@ -260,7 +260,7 @@ class _Attempt:
     stall_timeout: Optional[float]
     out: Output
     port: Optional[int]
-    cluster: Optional[ssh.Cluster]
+    cluster: Optional[engines.Cluster]
     placement: str
     allreduce: bool
     spec: Optional[netem.NetworkSpec]
@@ -273,9 +273,11 @@ class _Attempt:
     def run(self) -> JobResult:
         out, cluster, timeout = self.out, self.cluster, self.timeout
         port = self.port
+        launch_id = uuid.uuid4().hex[:16]
         if cluster is not None:
             try:
-                root_uri, port = prepare_cluster(cluster, port, copy=self.first)
+                root_uri, port = engines.prepare(cluster, port, launch_id, self.first,
+                                                 timeout)
             except ssh.HostError as err:
                 out.message(str(err))
                 return JobResult(1, "", str(err), {})
@@ -293,12 +295,9 @@ class _Attempt:
                 network = netem.EmulatedNetwork.from_spec(num_hosts, self.spec)
                 network.setup()
             if cluster is not None:
-                job_id = uuid.uuid4().hex[:16]
-                job.nodes = build_host_nodes(self.argv, self.num_workers, self.num_servers,
-                                             self.env, port, cluster, root_uri, job_id,
-                                             heartbeat=timeout)
-                where = "hosts %s (scheduler on %s)" % (
-                    ", ".join(str(h) for h in cluster.hosts), root_uri)
+                job.nodes, where = engines.build(cluster, self.argv, self.num_workers,
+                                                 self.num_servers, self.env, port,
+                                                 root_uri, launch_id, heartbeat=timeout)
             else:
                 job.nodes = build_local_nodes(self.argv, self.num_workers, self.num_servers,
                                               self.env, port, network,
@@ -318,13 +317,14 @@ class _Attempt:
             if failure is not None:
                 out.message(failure)
             if cluster is not None:
-                # keep time for the sweep over ssh (connect + one command per host)
-                reserve = min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
+                # keep time for the sweep (ssh: connect + one command per host)
+                reserve = engines.cleanup_reserve(cluster, timeout)
             else:
                 reserve = min(0.5, timeout * 0.1) if network else 0.0
             left = job.teardown(reserve=reserve)
             if cluster is not None:
-                unreached = sweep_hosts(cluster, job_id, job.end_noticed + timeout, out.message)
+                unreached = engines.cleanup(cluster, launch_id, job.end_noticed + timeout,
+                                            out.message)
                 if unreached:
                     self.restartable = False
                     failure = failure or unreached
@@ -359,9 +359,11 @@ def _parser() -> argparse.ArgumentParser:
                     "'import mxnet', M workers running COMMAND) on this machine, "
                     "print every node's output prefixed with its name, and stop "
                     "everything when any node fails.")
-    parser.add_argument("-n", "--num-workers", type=int, required=True, help="workers (>= 1)")
+    parser.add_argument("-n", "--num-workers", type=int, default=None,
+                        help="workers (>= 1; with --launcher slurm default one per task)")
     parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="servers (>= 1; with -H default one per host)")
+                        help="servers (>= 1; with -H default one per host, with "
+                             "--launcher slurm one per node)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds from the end or failure of the job until every "
                              "process must be gone (default 60)")
@@ -395,6 +397,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a node died, failed or stalled, stop the whole job and "
                              "start it again, at most N times; every node then gets "
                              "MXNET_CPSGD_RESTART=<restart count> (default 0)")
+    engines.add_arguments(parser)
     hosts = parser.add_argument_group(
         "several machines (over ssh)",
         "The working directory (or --copy-workdir's) and the interpreter must be the same "
@@ -452,8 +455,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   % (netem.parse_time_scale(args.time_scale), emulate_network),
                   file=sys.stderr)
         env = parse_env([item for group in args.env for item in group])
-        cluster = None
-        if args.hostfile is not None:
+        cluster: Optional[engines.Cluster] = None
+        if args.launcher == "slurm":
+            cluster = engines.slurm_cluster(args)
+        elif args.launcher == "ssh" and args.hostfile is None:
+            raise LaunchError("--launcher ssh needs -H HOSTFILE")
+        elif args.launcher == "local" and args.hostfile is not None:
+            raise LaunchError("--launcher local runs on this machine; leave out -H")
+        elif args.hostfile is not None:
             cluster = ssh.Cluster(
                 ssh.parse_hostfile(args.hostfile),
                 ssh.SshSettings(user=args.ssh_user, identity=args.ssh_identity,
@@ -465,7 +474,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.num_servers is None:
                 args.num_servers = len(cluster.hosts)
         elif args.num_servers is None:
-            raise LaunchError("-s/--num-servers is required (without -H)")
+            raise LaunchError("-s/--num-servers is required (without -H or a Slurm "
+                              "allocation)")
+        if args.num_workers is None:
+            raise LaunchError("-n/--num-workers is required (except with --launcher slurm)")
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
                          emulate_network=emulate_network, log_dir=args.log_dir,
