@@ -1,19 +1,21 @@
 """Where the nodes of a multi-host job run, and how they are started:
-over ssh from a host file (``-H``, :mod:`.remote_nodes`) or as steps of a
-Slurm allocation (``--launcher slurm``, :mod:`.slurm`).  Each engine checks
+over ssh from a host file (``-H``, :mod:`.remote_nodes`), as steps of a
+Slurm allocation (``--launcher slurm``, :mod:`.slurm`), or with Open MPI's
+mpirun (``--launcher mpi``, :mod:`.mpi`).  Each engine checks
 its hosts before anything starts, builds the nodes (every remote one runs
 under the same watchdog, :mod:`.watchdog`), and cleans up after every
 attempt; :mod:`.launch` calls these three through this module."""
 import argparse
+import time
 from typing import Callable, List, Mapping, Optional, Tuple, Union
 
-from mxnet_cpsgd.cluster import slurm, ssh
+from mxnet_cpsgd.cluster import mpi, slurm, ssh
 from mxnet_cpsgd.cluster.nodes import LaunchError, Node
 from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes, prepare_cluster, sweep_hosts
 
 #: a multi-host job's engine: a host file over ssh, or a Slurm allocation
-Cluster = Union[ssh.Cluster, slurm.SlurmCluster]
-LAUNCHERS = ("local", "ssh", "slurm")
+Cluster = Union[ssh.Cluster, slurm.SlurmCluster, mpi.MpiCluster]
+LAUNCHERS = ("local", "ssh", "slurm", "mpi")
 
 
 def prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
@@ -21,6 +23,8 @@ def prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
     """Check the hosts; the scheduler's address and port.  Raises ssh.HostError."""
     if isinstance(cluster, slurm.SlurmCluster):
         return slurm.prepare(cluster, port, launch_id, timeout=max(30.0, timeout))
+    if isinstance(cluster, mpi.MpiCluster):
+        return mpi.prepare(cluster, port, timeout=max(30.0, timeout))
     return prepare_cluster(cluster, port, copy=first)
 
 
@@ -32,6 +36,10 @@ def build(cluster: Cluster, command: List[str], num_workers: int, num_servers: i
         return (slurm.build_nodes(command, num_workers, num_servers, env, port, cluster,
                                   root_uri, launch_id, heartbeat),
                 slurm.describe(cluster, root_uri))
+    if isinstance(cluster, mpi.MpiCluster):
+        return (mpi.build_nodes(command, num_workers, num_servers, env, port, cluster,
+                                root_uri, launch_id, heartbeat),
+                "mpirun hosts %s (scheduler on %s)" % (", ".join(cluster.names), root_uri))
     return (build_host_nodes(command, num_workers, num_servers, env, port, cluster,
                              root_uri, launch_id, heartbeat=heartbeat),
             "hosts %s (scheduler on %s)" % (", ".join(str(h) for h in cluster.hosts),
@@ -40,7 +48,7 @@ def build(cluster: Cluster, command: List[str], num_workers: int, num_servers: i
 
 def cleanup_reserve(cluster: Cluster, timeout: float) -> float:
     """Seconds of the teardown bound kept for :func:`cleanup`."""
-    if isinstance(cluster, slurm.SlurmCluster):
+    if isinstance(cluster, (slurm.SlurmCluster, mpi.MpiCluster)):
         return min(10.0, timeout * 0.3)
     return min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
 
@@ -51,6 +59,8 @@ def cleanup(cluster: Cluster, launch_id: str, deadline: float,
     Slurm: cancel its steps); a failure line when that could not be confirmed."""
     if isinstance(cluster, slurm.SlurmCluster):
         return slurm.cancel_steps(cluster, launch_id, deadline, message)
+    if isinstance(cluster, mpi.MpiCluster):
+        return mpi.sweep(cluster, launch_id, max(1.0, deadline - time.monotonic()), message)
     return sweep_hosts(cluster, launch_id, deadline, message)
 
 
@@ -59,10 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the nodes run: local (this machine; the default "
                              "without -H), ssh (the hosts of -H; the default with -H), "
                              "slurm (inside a Slurm allocation: its nodes, each node a "
-                             "job step started with srun)")
+                             "job step started with srun), mpi (Open MPI's mpirun "
+                             "starts every node: on the hosts of -H, or here without)")
     parser.add_argument("--srun-option", action="append", default=[], metavar="OPTION",
                         help="with --launcher slurm: one more option for every srun "
                              "(repeatable, e.g. --srun-option=--mpi=none)")
+    parser.add_argument("--mpirun-option", action="append", default=[], metavar="OPTION",
+                        help="with --launcher mpi: one more option for every mpirun "
+                             "(repeatable, e.g. --mpirun-option=--mca "
+                             "--mpirun-option=plm_rsh_agent=ssh)")
 
 
 def slurm_cluster(args: argparse.Namespace) -> slurm.SlurmCluster:
@@ -80,3 +95,18 @@ def slurm_cluster(args: argparse.Namespace) -> slurm.SlurmCluster:
     if args.num_workers is None:
         args.num_workers = len(cluster.slots)
     return cluster
+
+
+def mpi_cluster(args: argparse.Namespace) -> mpi.MpiCluster:
+    """The hosts for ``--launcher mpi``: -H's, or this machine (-s defaults to
+    the number of hosts with -H).  Raises ssh.HostError."""
+    hosts = ssh.parse_hostfile(args.hostfile) if args.hostfile else [ssh.Host(mpi.LOCAL)]
+    ported = [str(h) for h in hosts if h.port is not None]
+    if ported:
+        raise ssh.HostError("--launcher mpi: mpirun takes no port in the host file (%s)"
+                            % ", ".join(ported))
+    if args.num_servers is None and args.hostfile:
+        args.num_servers = len(hosts)
+    return mpi.MpiCluster(hosts, python=args.python or "",
+                          scheduler_address=args.scheduler_address,
+                          mpirun_options=list(args.mpirun_option))

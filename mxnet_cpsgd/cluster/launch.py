@@ -458,6 +458,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cluster: Optional[engines.Cluster] = None
         if args.launcher == "slurm":
             cluster = engines.slurm_cluster(args)
+        elif args.launcher == "mpi":
+            cluster = engines.mpi_cluster(args)
         elif args.launcher == "ssh" and args.hostfile is None:
             raise LaunchError("--launcher ssh needs -H HOSTFILE")
         elif args.launcher == "local" and args.hostfile is not None:

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mxnet_cpsgd.cluster import ssh
-from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, PS_NODE_CODE, TERM_GRACE_S,
-                                       WORKER_DEFAULTS, WORKER_INDEX_ENV, Node, free_port,
-                                       with_worker_site)
+from mxnet_cpsgd.cluster.nodes import Node, free_port
+from mxnet_cpsgd.cluster.step_nodes import build_step_nodes
 
 #: what every step of one launch is named (plus the launch's id)
 STEP_NAME_PREFIX = "cpsgd-"
@@ -188,41 +187,11 @@ def build_nodes(command: List[str], num_workers: int, num_servers: int,
                 launch_id: str, heartbeat: float) -> List[Node]:
     """Scheduler here; servers then workers round-robin over the slots, each
     one srun step running the watchdog and the node's command."""
-    cwd = os.getcwd()
     step = STEP_NAME_PREFIX + launch_id
-    roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
-        + [("worker", i) for i in range(num_workers)]
-    nodes = []
-    for role, index in roles:
-        node_name = None
-        if role != "scheduler":
-            position = index if role == "server" else num_servers + index
-            node_name = cluster.slots[position % len(cluster.slots)]
-        dmlc = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": root_uri,
-                "DMLC_PS_ROOT_PORT": str(port), "DMLC_NUM_SERVER": str(num_servers),
-                "DMLC_NUM_WORKER": str(num_workers),
-                "DMLC_NODE_HOST": root_uri if node_name is None
-                else cluster.addresses[node_name],
-                ssh.JOB_ID_ENV: launch_id}
-        argv = list(command) if role == "worker" else [cluster.python, "-c", PS_NODE_CODE]
-        if role == "worker":
-            dmlc[WORKER_INDEX_ENV] = str(index)
-        node_env = dict(os.environ) if node_name is None else ssh.forwarded_env(os.environ)
-        node_env.update(NODE_DEFAULTS)
-        if role == "worker":
-            node_env.update(WORKER_DEFAULTS)
-        node_env.update(env)
-        node_env.update(dmlc)
-        if node_name is None:  # the scheduler, on this machine
-            nodes.append(Node(role, index, argv, node_env))
-            continue
-        if role == "worker":
-            with_worker_site(node_env)
-        remote = ssh.remote_command(cwd, node_env, cluster.python, argv,
-                                    grace=TERM_GRACE_S, heartbeat=heartbeat)
-        nodes.append(Node(role, index, srun_argv(cluster, node_name, step, cwd) + ["sh", "-c"],
-                          node_env, host=ssh.Host(node_name), remote_command=remote))
-    return nodes
+    return build_step_nodes(command, num_workers, num_servers, env, port, root_uri,
+                            launch_id, heartbeat, cluster.python, cluster.slots,
+                            cluster.addresses.__getitem__,
+                            lambda node, cwd: srun_argv(cluster, node, step, cwd))
 
 
 def _steps(cluster: SlurmCluster, step_name: str) -> List[str]:
