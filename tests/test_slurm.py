@@ -189,25 +189,35 @@ def test_two_node_job_equals_one_machine(cluster, allocated, mark, worker_job, t
 
 
 @needs_slurm
-def test_killed_remote_worker_ends_the_job(cluster, allocated, mark, tmp_path):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_dead_or_stalled_remote_worker_ends_the_job(cluster, allocated, mark, tmp_path, how):
+    """A remote worker SIGKILLed, or SIGSTOPped (its watchdog reports state T
+    through srun; --stall-timeout 3): one line, the job ends within the bound,
+    no step and no process left."""
     c = cluster(2)
     (tmp_path / "loop.py").write_text(KV_LOOP)
     # -s 1: server 0 on node 1, worker 0 on node 2, worker 1 on node 1
-    job = allocated(c, mark, ["-N", "2", "--ntasks-per-node=1"], ["-n", "2", "-s", "1"],
+    job = allocated(c, mark, ["-N", "2", "--ntasks-per-node=1"],
+                    ["-n", "2", "-s", "1", "--stall-timeout", "3"],
                     [sys.executable, str(tmp_path / "loop.py")])
     n1, n2 = c.nodes
     h1, h2 = (h.address for h in c.hosts.hosts)
     assert job.wait_for(["[worker 0 on %s] store up" % n2, "[worker 1 on %s] store up" % n1]), \
         job.text[-4000:] + c.logs()
-    os.kill(node_pids(mark, "worker", h2)[1], signal.SIGKILL)
+    os.kill(node_pids(mark, "worker", h2)[1], getattr(signal, how))
     killed = time.monotonic()
     code = job.finish(BOUND_S + 30)
     took = time.monotonic() - killed
     text = job.text
     assert code == 1, text[-4000:]
     failures = [l for l in job.lines if l and "stopping the job" in l]
-    assert failures == ["cpsgd-launch: worker 0 on %s exited with signal SIGKILL; "
-                        "stopping the job" % n2], text[-4000:]
+    assert len(failures) == 1, text[-4000:]
+    if how == "SIGKILL":
+        assert failures[0] == "cpsgd-launch: worker 0 on %s exited with signal SIGKILL; " \
+                              "stopping the job" % n2, text[-4000:]
+    else:
+        assert re.match(r"^cpsgd-launch: worker 0 on %s made no progress for \d+\.\d s: "
+                        r"its process is stopped \(state T\)" % n2, failures[0]), failures
     assert took < BOUND_S, "the job took %.1f s to end" % took
     assert_nothing_left(c, mark)
 
@@ -245,13 +255,11 @@ def test_restart_resumes_from_the_newest_checkpoint(cluster, allocated, mark, tm
     assert text.count("job started on Slurm job") == 2
     assert_nothing_left(c, mark)
 
-    tag = "cpsgd-slurm-ref-" + mark
-    try:
+    try:  # the same training uninterrupted, on this machine
         ref = launch.run_job(train + ["--checkpoint-dir", str(tmp_path / "ref"),
                                       "--max-iters", "6"], 2, 1,
-                             env=dict(e.split("=", 1) for e in NODE_ENV),
-                             timeout=30, job_timeout=200, stream=None,
-                             port=None)
+                             env=dict([e.split("=", 1) for e in NODE_ENV], **{MARK_VAR: mark}),
+                             timeout=30, job_timeout=200, stream=None)
     finally:
         kill_all(marked_processes(mark))
     assert ref.returncode == 0, ref.output[-4000:]
@@ -260,7 +268,6 @@ def test_restart_resumes_from_the_newest_checkpoint(cluster, allocated, mark, tm
     assert sorted(a) == sorted(b)
     for name in a:
         assert np.array_equal(a[name].asnumpy(), b[name].asnumpy()), name
-    del tag
 
 
 @needs_slurm
