@@ -65,6 +65,13 @@ def cleanup(cluster: Cluster, launch_id: str, deadline: float,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options choosing the engine (the ssh options are :mod:`.launch`'s)."""
+    parser.add_argument("--allreduce", action="store_true",
+                        help="a Horovod/Gloo job (the all-reduce stores: horovod, the "
+                             "compressors, cpsgd_<x>) on this machine: a rendezvous "
+                             "service instead of scheduler and servers, HOROVOD_* for "
+                             "every worker as horovodrun --gloo sets them; watched, torn "
+                             "down and restarted like a parameter-server job")
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="where the nodes run: local (this machine; the default "
                              "without -H), ssh (the hosts of -H; the default with -H), "
@@ -110,3 +117,40 @@ def mpi_cluster(args: argparse.Namespace) -> mpi.MpiCluster:
     return mpi.MpiCluster(hosts, python=args.python or "",
                           scheduler_address=args.scheduler_address,
                           mpirun_options=list(args.mpirun_option))
+
+
+def cluster_from_args(args: argparse.Namespace) -> Optional[Cluster]:
+    """The engine the command line asks for (None: this machine); fills in the
+    defaults of -n and -s where the engine has them.  Raises LaunchError,
+    ssh.HostError."""
+    cluster: Optional[Cluster] = None
+    if args.allreduce:
+        if args.launcher not in (None, "local") or args.hostfile is not None:
+            raise LaunchError("--allreduce runs the job on this machine (no -H, "
+                              "--launcher local)")
+        args.num_servers = args.num_servers or 1  # none is started
+    if args.launcher == "slurm":
+        cluster = slurm_cluster(args)
+    elif args.launcher == "mpi":
+        cluster = mpi_cluster(args)
+    elif args.launcher == "ssh" and args.hostfile is None:
+        raise LaunchError("--launcher ssh needs -H HOSTFILE")
+    elif args.launcher == "local" and args.hostfile is not None:
+        raise LaunchError("--launcher local runs on this machine; leave out -H")
+    elif args.hostfile is not None:
+        cluster = ssh.Cluster(
+            ssh.parse_hostfile(args.hostfile),
+            ssh.SshSettings(user=args.ssh_user, identity=args.ssh_identity,
+                            config=args.ssh_config, options=args.ssh_option,
+                            connect_timeout=args.ssh_connect_timeout),
+            scheduler_on_first_host=args.scheduler_on_first_host,
+            scheduler_address=args.scheduler_address, python=args.python or "",
+            copy_to=args.copy_workdir)
+        if args.num_servers is None:
+            args.num_servers = len(cluster.hosts)
+    if args.num_servers is None:
+        raise LaunchError("-s/--num-servers is required (without -H or a Slurm "
+                          "allocation)")
+    if args.num_workers is None:
+        raise LaunchError("-n/--num-workers is required (except with --launcher slurm)")
+    return cluster

@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
 
-from mxnet_cpsgd.cluster import engines, netem, slurm, ssh
+from mxnet_cpsgd.cluster import engines, mpi, netem, slurm, ssh  # noqa: F401
 from mxnet_cpsgd.cluster.local_nodes import (PLACEMENTS, build_local_nodes,  # noqa: F401
                                              horovod_env, host_of_nodes)
 from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
@@ -174,8 +174,9 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             and SIGHUP into a teardown (returncode 128+N) while the job runs.
         cluster: run on the hosts of this :class:`ssh.Cluster` over ssh
             (``-H HOSTFILE``), or on the nodes of this
-            :class:`slurm.SlurmCluster` with srun, instead of on this machine.  Every host is
-            checked first; one that cannot be used ends the job (returncode
+            :class:`slurm.SlurmCluster` with srun, or of this
+            :class:`mpi.MpiCluster` with mpirun, instead of on this machine.
+            Every host is checked first; one that cannot be used ends the job (returncode
             1, ``failure`` naming it) before any node starts.
         placement: with ``emulate_network``, ``'separate'`` (every node on its
             own emulated host) or ``'colocated'`` (one host per worker running
@@ -455,36 +456,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   % (netem.parse_time_scale(args.time_scale), emulate_network),
                   file=sys.stderr)
         env = parse_env([item for group in args.env for item in group])
-        cluster: Optional[engines.Cluster] = None
-        if args.launcher == "slurm":
-            cluster = engines.slurm_cluster(args)
-        elif args.launcher == "mpi":
-            cluster = engines.mpi_cluster(args)
-        elif args.launcher == "ssh" and args.hostfile is None:
-            raise LaunchError("--launcher ssh needs -H HOSTFILE")
-        elif args.launcher == "local" and args.hostfile is not None:
-            raise LaunchError("--launcher local runs on this machine; leave out -H")
-        elif args.hostfile is not None:
-            cluster = ssh.Cluster(
-                ssh.parse_hostfile(args.hostfile),
-                ssh.SshSettings(user=args.ssh_user, identity=args.ssh_identity,
-                                config=args.ssh_config, options=args.ssh_option,
-                                connect_timeout=args.ssh_connect_timeout),
-                scheduler_on_first_host=args.scheduler_on_first_host,
-                scheduler_address=args.scheduler_address, python=args.python or "",
-                copy_to=args.copy_workdir)
-            if args.num_servers is None:
-                args.num_servers = len(cluster.hosts)
-        elif args.num_servers is None:
-            raise LaunchError("-s/--num-servers is required (without -H or a Slurm "
-                              "allocation)")
-        if args.num_workers is None:
-            raise LaunchError("-n/--num-workers is required (except with --launcher slurm)")
+        cluster = engines.cluster_from_args(args)
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
                          emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
-                         stall_timeout=args.stall_timeout, max_restarts=args.max_restarts)
+                         stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
+                         allreduce=args.allreduce)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode
