@@ -18,9 +18,29 @@ Cluster = Union[ssh.Cluster, slurm.SlurmCluster, mpi.MpiCluster]
 LAUNCHERS = ("local", "ssh", "slurm", "mpi")
 
 
+#: seconds between two tries of a host that did not answer (--host-wait)
+HOST_RETRY_S = 5.0
+
+
 def prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
-            timeout: float) -> Tuple[str, int]:
-    """Check the hosts; the scheduler's address and port.  Raises ssh.HostError."""
+            timeout: float, wait: float = 0.0,
+            message: Callable[[str], None] = lambda text: None) -> Tuple[str, int]:
+    """Check the hosts; the scheduler's address and port.  A check that fails
+    is tried again for up to ``wait`` seconds.  Raises ssh.HostError."""
+    end = time.monotonic() + wait
+    while True:
+        try:
+            return _prepare(cluster, port, launch_id, first, timeout)
+        except ssh.HostError as err:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise
+            message("%s; trying again for up to %.0f s (--host-wait)" % (err, left))
+            time.sleep(min(HOST_RETRY_S, left))
+
+
+def _prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
+             timeout: float) -> Tuple[str, int]:
     if isinstance(cluster, slurm.SlurmCluster):
         return slurm.prepare(cluster, port, launch_id, timeout=max(30.0, timeout))
     if isinstance(cluster, mpi.MpiCluster):
@@ -62,6 +82,29 @@ def cleanup(cluster: Cluster, launch_id: str, deadline: float,
     if isinstance(cluster, mpi.MpiCluster):
         return mpi.sweep(cluster, launch_id, max(1.0, deadline - time.monotonic()), message)
     return sweep_hosts(cluster, launch_id, deadline, message)
+
+
+def wait_for_hosts(cluster: Cluster, launch_id: str, wait: float, unreached: str,
+                   message: Callable[[str], None]) -> Optional[str]:
+    """After :func:`cleanup` failed with ``unreached``: try it again until it
+    succeeds (the hosts answer; what is left of the job there is killed) or
+    ``wait`` seconds passed.  Returns None, or the failure line (printed)."""
+    start = time.monotonic()
+    message("waiting up to %g s for the host to answer again (--host-wait)" % wait)
+    while time.monotonic() - start < wait:
+        time.sleep(min(HOST_RETRY_S, max(0.0, wait - (time.monotonic() - start))))
+        lines: List[str] = []
+        try_for = 15.0 if not isinstance(cluster, ssh.Cluster) \
+            else cluster.ssh.connect_timeout + 5
+        if cleanup(cluster, launch_id, time.monotonic() + try_for, lines.append) is None:
+            for line in lines:
+                message(line)
+            message("every host answered again after %.0f s of --host-wait"
+                    % (time.monotonic() - start))
+            return None
+    note = "%s; no answer within --host-wait %g s" % (unreached, wait)
+    message(note)
+    return note
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -103,7 +103,7 @@ def _check_reserved(env: Mapping[str, str]) -> None:
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
               env: Mapping[str, str], stall_timeout: Optional[float] = None,
-              max_restarts: int = 0) -> None:
+              max_restarts: int = 0, host_wait: float = 0.0) -> None:
     if not command:
         raise LaunchError("no command given for the workers (put it after --)")
     if shutil.which(command[0]) is None:
@@ -119,6 +119,8 @@ def _validate(command: List[str], num_workers: int, num_servers: int, timeout: f
     if stall_timeout is not None and not stall_timeout >= 0:
         raise LaunchError("stall timeout must be >= 0 seconds (0: off), got %r"
                           % (stall_timeout,))
+    if not host_wait >= 0:
+        raise LaunchError("host wait must be >= 0 seconds, got %r" % (host_wait,))
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise LaunchError("max restarts must be an integer >= 0, got %r" % (max_restarts,))
     if port is not None and not 1 <= port <= 65535:
@@ -151,7 +153,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             cluster: Optional[engines.Cluster] = None,
             placement: str = "separate", allreduce: bool = False,
             stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
-            max_restarts: int = 0) -> JobResult:
+            max_restarts: int = 0, host_wait: float = 0.0) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -193,6 +195,10 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             many times, with ``MXNET_CPSGD_RESTART`` = the restart count in
             every node.  Not after --job-timeout, a signal, a host that
             failed its check, or processes that could not be stopped.
+        host_wait: with ``max_restarts`` left, a host that cannot be reached
+            after a failure (or at the restart's check) is tried again for up
+            to this many seconds, its leftover processes killed once it
+            answers, before the job is restarted; 0: the job ends at once.
 
     Returns:
         The :class:`JobResult` (of the last attempt; ``restarts`` says how
@@ -205,7 +211,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
-              stall_timeout, max_restarts)
+              stall_timeout, max_restarts, host_wait)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
     if spec is not None and cluster is not None:
         raise LaunchError("network emulation and a host file exclude each other")
@@ -227,7 +233,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             attempt = _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
                                job_timeout, deadline, stall_timeout, out, port, cluster,
                                placement, allreduce, spec, emulate_network, interrupt,
-                               first=restarts == 0)
+                               first=restarts == 0,
+                               host_wait=host_wait if restarts < max_restarts else 0.0)
             result = attempt.run()
             if result.returncode == 0 or not attempt.restartable \
                     or interrupt.signum is not None or restarts >= max_restarts:
@@ -268,6 +275,8 @@ class _Attempt:
     emulate_network: Optional[str]
     interrupt: _Interrupt
     first: bool
+    #: seconds an unreachable host is waited for (0: not); see run_job
+    host_wait: float = 0.0
     #: whether a failure of this attempt may be answered by a restart
     restartable: bool = False
 
@@ -277,8 +286,9 @@ class _Attempt:
         launch_id = uuid.uuid4().hex[:16]
         if cluster is not None:
             try:
-                root_uri, port = engines.prepare(cluster, port, launch_id, self.first,
-                                                 timeout)
+                root_uri, port = engines.prepare(
+                    cluster, port, launch_id, self.first, timeout,
+                    wait=0.0 if self.first else self.host_wait, message=out.message)
             except ssh.HostError as err:
                 out.message(str(err))
                 return JobResult(1, "", str(err), {})
@@ -326,6 +336,9 @@ class _Attempt:
             if cluster is not None:
                 unreached = engines.cleanup(cluster, launch_id, job.end_noticed + timeout,
                                             out.message)
+                if unreached and self.restartable and self.host_wait > 0:
+                    unreached = engines.wait_for_hosts(cluster, launch_id, self.host_wait,
+                                                       unreached, out.message)
                 if unreached:
                     self.restartable = False
                     failure = failure or unreached
@@ -398,6 +411,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a node died, failed or stalled, stop the whole job and "
                              "start it again, at most N times; every node then gets "
                              "MXNET_CPSGD_RESTART=<restart count> (default 0)")
+    parser.add_argument("--host-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="with --max-restarts: a host that cannot be reached after a "
+                             "failure is tried again for up to SECONDS, its leftover "
+                             "processes killed once it answers, and the job restarted; "
+                             "if it never answers the job ends naming it (default 0: "
+                             "end at once)")
     engines.add_arguments(parser)
     hosts = parser.add_argument_group(
         "several machines (over ssh)",
@@ -462,7 +481,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
                          stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
-                         allreduce=args.allreduce)
+                         allreduce=args.allreduce, host_wait=args.host_wait)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode
