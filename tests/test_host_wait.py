@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from test_cluster import (BOUND_S, _REASON, Launcher, assert_nothing_left,  # noqa: F401
+from test_cluster import (BOUND_S, _REASON, assert_nothing_left,  # noqa: F401
                           launchers, make_hosts)
 
 try:

@@ -6,6 +6,9 @@ Usage::
         [--job-timeout SECONDS] [--stall-timeout SECONDS] [--max-restarts N]
         [--port PORT] [--env KEY=VALUE ...]
         [--emulate-network RATE[,DELAY][,QUEUE]] [--log-dir DIR] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch -H HOSTFILE -n WORKERS [...] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch --launcher slurm|mpi [...] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch --allreduce -n WORKERS [...] -- COMMAND ARGS...
 
 Servers and the scheduler run ``python -c "...; import mxnet"`` (importing MXNet
 in a process whose DMLC_ROLE is server or scheduler runs that node); workers run
@@ -19,8 +22,9 @@ is started again.
 
 Python API: :func:`run_job`.  See docs/launcher.md.  The parts: nodes on this
 machine (:mod:`.local_nodes`), on other hosts over ssh (:mod:`.remote_nodes`,
-:mod:`.ssh`), running and watching them (:mod:`.supervise`); this module is
-the command line and :func:`run_job`.
+:mod:`.ssh`), as Slurm job steps (:mod:`.slurm`) or under mpirun (:mod:`.mpi`),
+chosen by :mod:`.engines`; running and watching them (:mod:`.supervise`); this
+module is the command line and :func:`run_job`.
 """
 import argparse
 import os
@@ -35,7 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
 
-from mxnet_cpsgd.cluster import engines, mpi, netem, slurm, ssh  # noqa: F401
+from mxnet_cpsgd.cluster import engines, netem, ssh
 from mxnet_cpsgd.cluster.local_nodes import (PLACEMENTS, build_local_nodes,  # noqa: F401
                                              horovod_env, host_of_nodes)
 from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
