@@ -27,7 +27,7 @@ def prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
             message: Callable[[str], None] = lambda text: None) -> Tuple[str, int]:
     """Check the hosts; the scheduler's address and port.  A check that fails
     is tried again for up to ``wait`` seconds.  Raises ssh.HostError."""
-    end = time.monotonic() + wait
+    end, said = time.monotonic() + wait, False
     while True:
         try:
             return _prepare(cluster, port, launch_id, first, timeout)
@@ -35,7 +35,9 @@ def prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
             left = end - time.monotonic()
             if left <= 0:
                 raise
-            message("%s; trying again for up to %.0f s (--host-wait)" % (err, left))
+            if not said:  # once: the final failure, if any, is the error itself
+                message("%s; trying again for up to %.0f s (--host-wait)" % (err, left))
+                said = True
             time.sleep(min(HOST_RETRY_S, left))
 
 
