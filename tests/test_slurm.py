@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from procs import MARK_VAR, kill_all, marked_processes, repo_pythonpath
 from slurm_hosts import EmulatedSlurm, SlurmUnavailable, check_available
-from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, load_recording, node_pids
+from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, _ppid, load_recording, node_pids
 
 from mxnet_cpsgd.cluster import slurm
 
@@ -157,6 +157,24 @@ def assert_nothing_left(cluster, mark):
             marked, left, steps, jobs)
 
 
+def _srun_of(mark, node, role):
+    """pid of the launcher's srun client running the ``role`` node on ``node``."""
+    found = []
+    for pid in marked_processes(mark):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == "srun" and "--nodelist=" + node in argv \
+                and "DMLC_ROLE=%s" % role in argv[-2]:
+            found.append(pid)
+    # srun forks a helper of its own: the client is the one the launcher started
+    found = [pid for pid in found if _ppid(pid) not in found]
+    assert len(found) == 1, found
+    return found[0]
+
+
 @needs_slurm
 def test_two_node_job_equals_one_machine(cluster, allocated, mark, worker_job, tmp_path):
     c = cluster(2)
@@ -189,11 +207,11 @@ def test_two_node_job_equals_one_machine(cluster, allocated, mark, worker_job, t
 
 
 @needs_slurm
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP", "srun"])
 def test_dead_or_stalled_remote_worker_ends_the_job(cluster, allocated, mark, tmp_path, how):
     """A remote worker SIGKILLed, or SIGSTOPped (its watchdog reports state T
-    through srun; --stall-timeout 3): one line, the job ends within the bound,
-    no step and no process left."""
+    through srun; --stall-timeout 3), or the srun client carrying it SIGKILLed:
+    one line, the job ends within the bound, no step and no process left."""
     c = cluster(2)
     (tmp_path / "loop.py").write_text(KV_LOOP)
     # -s 1: server 0 on node 1, worker 0 on node 2, worker 1 on node 1
@@ -204,7 +222,11 @@ def test_dead_or_stalled_remote_worker_ends_the_job(cluster, allocated, mark, tm
     h1, h2 = (h.address for h in c.hosts.hosts)
     assert job.wait_for(["[worker 0 on %s] store up" % n2, "[worker 1 on %s] store up" % n1]), \
         job.text[-4000:] + c.logs()
-    os.kill(node_pids(mark, "worker", h2)[1], getattr(signal, how))
+    if how == "srun":
+        victim = _srun_of(mark, n2, "worker")
+        os.kill(victim, signal.SIGKILL)
+    else:
+        os.kill(node_pids(mark, "worker", h2)[1], getattr(signal, how))
     killed = time.monotonic()
     code = job.finish(BOUND_S + 30)
     took = time.monotonic() - killed
@@ -212,7 +234,10 @@ def test_dead_or_stalled_remote_worker_ends_the_job(cluster, allocated, mark, tm
     assert code == 1, text[-4000:]
     failures = [l for l in job.lines if l and "stopping the job" in l]
     assert len(failures) == 1, text[-4000:]
-    if how == "SIGKILL":
+    if how == "srun":
+        assert failures[0].startswith("cpsgd-launch: worker 0 on %s lost its srun session "
+                                      "(srun exited with code" % n2), failures
+    elif how == "SIGKILL":
         assert failures[0] == "cpsgd-launch: worker 0 on %s exited with signal SIGKILL; " \
                               "stopping the job" % n2, text[-4000:]
     else:
