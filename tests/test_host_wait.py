@@ -3,14 +3,18 @@ a host whose link goes down (``ip link set eth0 down`` in its namespace) is
 waited for after the stall is detected; when it answers again, what is left
 of the job there is swept and the job restarts; when it does not, the job
 ends with one line naming it.  Root only (see tests/test_cluster.py)."""
+import os
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+from procs import repo_pythonpath
 from test_cluster import (BOUND_S, _REASON, assert_nothing_left,  # noqa: F401
                           launchers, make_hosts)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 try:
     import pytest_timeout  # noqa: F401
@@ -90,3 +94,49 @@ def test_link_down_host_is_waited_for(make_hosts, launchers, mark, tmp_path, dow
         assert "restart 1 of 1" not in text and text.count("job started on hosts") == 1
         assert took < BOUND_S + host_wait
     assert_nothing_left(hosts, mark)
+
+
+CHECK = r"""
+import sys
+from mxnet_cpsgd.cluster import engines, ssh
+cluster = ssh.Cluster(ssh.parse_hostfile(sys.argv[1]),
+                      ssh.SshSettings(config=sys.argv[2], connect_timeout=2))
+try:
+    address, port = engines.prepare(cluster, None, "x", first=False, timeout=10,
+                                    wait=float(sys.argv[3]), message=print)
+    print("checked", address)
+except ssh.HostError as err:
+    print("gave up:", err)
+"""
+
+
+def test_restart_check_waits_for_the_host(make_hosts, tmp_path):
+    """The restart's host check (ssh preflight) is retried within --host-wait:
+    it succeeds once the link is back, and gives up with the host's error
+    when the wait is over."""
+    hosts = make_hosts(1)
+    host = hosts.hosts[0]
+    (tmp_path / "check.py").write_text(CHECK)
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO))
+
+    def check(wait):
+        return subprocess.run(hosts.launcher.wrap(
+            [sys.executable, str(tmp_path / "check.py"), hosts.hostfile, hosts.ssh_config,
+             str(wait)]), env=env, capture_output=True, text=True, timeout=120).stdout
+
+    _link(host, "down")
+    try:
+        timer = threading.Timer(8, _link, (host, "up"))
+        timer.start()
+        out = check(60)
+        timer.join()
+        assert "checked %s" % hosts.launcher.address in out, out
+        retries = [l for l in out.splitlines() if "trying again for up to" in l]
+        assert len(retries) == 1 and retries[0].startswith(
+            "cannot reach %s over ssh" % host.address), out
+        _link(host, "down")
+        out = check(4)
+        assert "gave up: cannot reach %s over ssh" % host.address in out, out
+        assert out.count("trying again for up to") == 1, out
+    finally:
+        _link(host, "up")
