@@ -25,6 +25,21 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -x /usr/sbin/sshd 
         || echo "note: openssh-server not installed; the multi-host tests will be skipped"
     [ -z "$policy" ] || rm -f "$policy"
 fi
+# Slurm (slurmctld, slurmd, munge) and Open MPI for the cluster-engine tests
+# (tests/test_slurm.py starts its own daemons on emulated hosts; test_mpi.py runs
+# mpirun); the packages' own services are kept from starting (policy-rc.d)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+        && { [ ! -x /usr/sbin/slurmd ] || ! command -v mpirun >/dev/null; }; then
+    policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+        policy=/usr/sbin/policy-rc.d
+    fi
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        slurm-wlm munge openmpi-bin) >/dev/null 2>&1 \
+        || echo "note: slurm-wlm/munge/openmpi-bin not installed; their tests will be skipped"
+    [ -z "$policy" ] || rm -f "$policy"
+fi
 if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet' 2>/dev/null; then
     # Horovod's build imports mxnet, so it cannot use an isolated build environment
     .venv/bin/pip install -q cmake

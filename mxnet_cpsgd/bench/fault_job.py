@@ -57,7 +57,7 @@ def train_command(settings: TrainSettings, seed: int, checkpoint_dir: str) -> Li
 
 def launcher_command(worker_cmd: List[str], mark: str, stall_timeout: float,
                      max_restarts: int, hosts=None, timeout: float = 20.0,
-                     job_timeout: float = 3600.0) -> List[str]:
+                     job_timeout: float = 3600.0, host_wait: float = 0.0) -> List[str]:
     """``cpsgd-launch`` for 2 workers: on this machine with 1 server, or on the
     emulated ``hosts`` (one server per host, the scheduler on the launching
     machine), run in the launching machine's namespace."""
@@ -65,6 +65,8 @@ def launcher_command(worker_cmd: List[str], mark: str, stall_timeout: float,
             "--stall-timeout", "%g" % stall_timeout, "--max-restarts", str(max_restarts),
             "--timeout", "%g" % timeout, "--job-timeout", "%g" % job_timeout,
             "--env", "%s=%s" % (MARK_ENV, mark)] + ["--env=" + e for e in NODE_ENV]
+    if host_wait:
+        argv += ["--host-wait", "%g" % host_wait]
     if hosts is None:
         return argv + ["-s", "1", "--"] + worker_cmd
     argv += ["-H", hosts.hostfile, "--ssh-config", hosts.ssh_config, "--"] + worker_cmd

@@ -159,7 +159,8 @@ class Campaign:
         os.makedirs(run_dir, exist_ok=True)
         mark = uuid.uuid4().hex[:12]
         argv = launcher_command(train_command(settings, seed, os.path.join(run_dir, "ckpt")),
-                                mark, self.args.stall_timeout, max_restarts, hosts)
+                                mark, self.args.stall_timeout, max_restarts, hosts,
+                                host_wait=self.args.host_wait)
         return JobRun(argv, os.path.join(run_dir, "launcher.log")), mark
 
     def _finish(self, job: JobRun, mark: str, result: ConfigResult, name: str):
@@ -332,6 +333,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=3000)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--stall-timeout", type=float, default=8.0)
+    parser.add_argument("--host-wait", type=float, default=0.0,
+                        help="the faulted runs' cpsgd-launch --host-wait (default 0)")
     parser.add_argument("--link-down-factor", type=float, default=1.5,
                         help="link-down lasts this many stall timeouts (default 1.5)")
     parser.add_argument("--min-delay", type=float, default=3.0,

@@ -6,6 +6,9 @@ Usage::
         [--job-timeout SECONDS] [--stall-timeout SECONDS] [--max-restarts N]
         [--port PORT] [--env KEY=VALUE ...]
         [--emulate-network RATE[,DELAY][,QUEUE]] [--log-dir DIR] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch -H HOSTFILE -n WORKERS [...] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch --launcher slurm|mpi [...] -- COMMAND ARGS...
+    python -m mxnet_cpsgd.launch --allreduce -n WORKERS [...] -- COMMAND ARGS...
 
 Servers and the scheduler run ``python -c "...; import mxnet"`` (importing MXNet
 in a process whose DMLC_ROLE is server or scheduler runs that node); workers run
@@ -19,8 +22,9 @@ is started again.
 
 Python API: :func:`run_job`.  See docs/launcher.md.  The parts: nodes on this
 machine (:mod:`.local_nodes`), on other hosts over ssh (:mod:`.remote_nodes`,
-:mod:`.ssh`), running and watching them (:mod:`.supervise`); this module is
-the command line and :func:`run_job`.
+:mod:`.ssh`), as Slurm job steps (:mod:`.slurm`) or under mpirun (:mod:`.mpi`),
+chosen by :mod:`.engines`; running and watching them (:mod:`.supervise`); this
+module is the command line and :func:`run_job`.
 """
 import argparse
 import os
@@ -35,13 +39,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
 
-from mxnet_cpsgd.cluster import netem, ssh
+from mxnet_cpsgd.cluster import engines, netem, ssh
 from mxnet_cpsgd.cluster.local_nodes import (PLACEMENTS, build_local_nodes,  # noqa: F401
                                              horovod_env, host_of_nodes)
 from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
                                        WORKER_INDEX_ENV, WORKER_SITE_DIR, LaunchError,
                                        describe_exit, free_port)
-from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes, prepare_cluster, sweep_hosts
 from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S, LONG_PHASE_FACTOR
 from mxnet_cpsgd.cluster.supervise import Job, Output
 
@@ -104,7 +107,7 @@ def _check_reserved(env: Mapping[str, str]) -> None:
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
               env: Mapping[str, str], stall_timeout: Optional[float] = None,
-              max_restarts: int = 0) -> None:
+              max_restarts: int = 0, host_wait: float = 0.0) -> None:
     if not command:
         raise LaunchError("no command given for the workers (put it after --)")
     if shutil.which(command[0]) is None:
@@ -120,6 +123,8 @@ def _validate(command: List[str], num_workers: int, num_servers: int, timeout: f
     if stall_timeout is not None and not stall_timeout >= 0:
         raise LaunchError("stall timeout must be >= 0 seconds (0: off), got %r"
                           % (stall_timeout,))
+    if not host_wait >= 0:
+        raise LaunchError("host wait must be >= 0 seconds, got %r" % (host_wait,))
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise LaunchError("max restarts must be an integer >= 0, got %r" % (max_restarts,))
     if port is not None and not 1 <= port <= 65535:
@@ -149,10 +154,10 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             job_timeout: Optional[float] = None, emulate_network: Optional[str] = None,
             log_dir: Optional[str] = None, stream: Optional[IO[str]] = sys.stdout,
             port: Optional[int] = None, handle_signals: bool = True,
-            cluster: Optional[ssh.Cluster] = None,
+            cluster: Optional[engines.Cluster] = None,
             placement: str = "separate", allreduce: bool = False,
             stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
-            max_restarts: int = 0) -> JobResult:
+            max_restarts: int = 0, host_wait: float = 0.0) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -174,8 +179,10 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         handle_signals: when called from the main thread, turn SIGINT, SIGTERM
             and SIGHUP into a teardown (returncode 128+N) while the job runs.
         cluster: run on the hosts of this :class:`ssh.Cluster` over ssh
-            (``-H HOSTFILE``) instead of on this machine.  Every host is
-            checked first; one that cannot be used ends the job (returncode
+            (``-H HOSTFILE``), or on the nodes of this
+            :class:`slurm.SlurmCluster` with srun, or of this
+            :class:`mpi.MpiCluster` with mpirun, instead of on this machine.
+            Every host is checked first; one that cannot be used ends the job (returncode
             1, ``failure`` naming it) before any node starts.
         placement: with ``emulate_network``, ``'separate'`` (every node on its
             own emulated host) or ``'colocated'`` (one host per worker running
@@ -192,6 +199,10 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             many times, with ``MXNET_CPSGD_RESTART`` = the restart count in
             every node.  Not after --job-timeout, a signal, a host that
             failed its check, or processes that could not be stopped.
+        host_wait: with ``max_restarts`` left, a host that cannot be reached
+            after a failure (or at the restart's check) is tried again for up
+            to this many seconds, its leftover processes killed once it
+            answers, before the job is restarted; 0: the job ends at once.
 
     Returns:
         The :class:`JobResult` (of the last attempt; ``restarts`` says how
@@ -204,7 +215,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
-              stall_timeout, max_restarts)
+              stall_timeout, max_restarts, host_wait)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
     if spec is not None and cluster is not None:
         raise LaunchError("network emulation and a host file exclude each other")
@@ -226,7 +237,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             attempt = _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
                                job_timeout, deadline, stall_timeout, out, port, cluster,
                                placement, allreduce, spec, emulate_network, interrupt,
-                               first=restarts == 0)
+                               first=restarts == 0,
+                               host_wait=host_wait if restarts < max_restarts else 0.0)
             result = attempt.run()
             if result.returncode == 0 or not attempt.restartable \
                     or interrupt.signum is not None or restarts >= max_restarts:
@@ -260,22 +272,27 @@ class _Attempt:
     stall_timeout: Optional[float]
     out: Output
     port: Optional[int]
-    cluster: Optional[ssh.Cluster]
+    cluster: Optional[engines.Cluster]
     placement: str
     allreduce: bool
     spec: Optional[netem.NetworkSpec]
     emulate_network: Optional[str]
     interrupt: _Interrupt
     first: bool
+    #: seconds an unreachable host is waited for (0: not); see run_job
+    host_wait: float = 0.0
     #: whether a failure of this attempt may be answered by a restart
     restartable: bool = False
 
     def run(self) -> JobResult:
         out, cluster, timeout = self.out, self.cluster, self.timeout
         port = self.port
+        launch_id = uuid.uuid4().hex[:16]
         if cluster is not None:
             try:
-                root_uri, port = prepare_cluster(cluster, port, copy=self.first)
+                root_uri, port = engines.prepare(
+                    cluster, port, launch_id, self.first, timeout,
+                    wait=0.0 if self.first else self.host_wait, message=out.message)
             except ssh.HostError as err:
                 out.message(str(err))
                 return JobResult(1, "", str(err), {})
@@ -293,12 +310,9 @@ class _Attempt:
                 network = netem.EmulatedNetwork.from_spec(num_hosts, self.spec)
                 network.setup()
             if cluster is not None:
-                job_id = uuid.uuid4().hex[:16]
-                job.nodes = build_host_nodes(self.argv, self.num_workers, self.num_servers,
-                                             self.env, port, cluster, root_uri, job_id,
-                                             heartbeat=timeout)
-                where = "hosts %s (scheduler on %s)" % (
-                    ", ".join(str(h) for h in cluster.hosts), root_uri)
+                job.nodes, where = engines.build(cluster, self.argv, self.num_workers,
+                                                 self.num_servers, self.env, port,
+                                                 root_uri, launch_id, heartbeat=timeout)
             else:
                 job.nodes = build_local_nodes(self.argv, self.num_workers, self.num_servers,
                                               self.env, port, network,
@@ -318,13 +332,17 @@ class _Attempt:
             if failure is not None:
                 out.message(failure)
             if cluster is not None:
-                # keep time for the sweep over ssh (connect + one command per host)
-                reserve = min(cluster.ssh.connect_timeout + 5, timeout * 0.3)
+                # keep time for the sweep (ssh: connect + one command per host)
+                reserve = engines.cleanup_reserve(cluster, timeout)
             else:
                 reserve = min(0.5, timeout * 0.1) if network else 0.0
             left = job.teardown(reserve=reserve)
             if cluster is not None:
-                unreached = sweep_hosts(cluster, job_id, job.end_noticed + timeout, out.message)
+                unreached = engines.cleanup(cluster, launch_id, job.end_noticed + timeout,
+                                            out.message)
+                if unreached and self.restartable and self.host_wait > 0:
+                    unreached = engines.wait_for_hosts(cluster, launch_id, self.host_wait,
+                                                       unreached, out.message)
                 if unreached:
                     self.restartable = False
                     failure = failure or unreached
@@ -359,9 +377,11 @@ def _parser() -> argparse.ArgumentParser:
                     "'import mxnet', M workers running COMMAND) on this machine, "
                     "print every node's output prefixed with its name, and stop "
                     "everything when any node fails.")
-    parser.add_argument("-n", "--num-workers", type=int, required=True, help="workers (>= 1)")
+    parser.add_argument("-n", "--num-workers", type=int, default=None,
+                        help="workers (>= 1; with --launcher slurm default one per task)")
     parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="servers (>= 1; with -H default one per host)")
+                        help="servers (>= 1; with -H default one per host, with "
+                             "--launcher slurm one per node)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds from the end or failure of the job until every "
                              "process must be gone (default 60)")
@@ -395,6 +415,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a node died, failed or stalled, stop the whole job and "
                              "start it again, at most N times; every node then gets "
                              "MXNET_CPSGD_RESTART=<restart count> (default 0)")
+    parser.add_argument("--host-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="with --max-restarts: a host that cannot be reached after a "
+                             "failure is tried again for up to SECONDS, its leftover "
+                             "processes killed once it answers, and the job restarted; "
+                             "if it never answers the job ends naming it (default 0: "
+                             "end at once)")
+    engines.add_arguments(parser)
     hosts = parser.add_argument_group(
         "several machines (over ssh)",
         "The working directory (or --copy-workdir's) and the interpreter must be the same "
@@ -452,25 +479,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   % (netem.parse_time_scale(args.time_scale), emulate_network),
                   file=sys.stderr)
         env = parse_env([item for group in args.env for item in group])
-        cluster = None
-        if args.hostfile is not None:
-            cluster = ssh.Cluster(
-                ssh.parse_hostfile(args.hostfile),
-                ssh.SshSettings(user=args.ssh_user, identity=args.ssh_identity,
-                                config=args.ssh_config, options=args.ssh_option,
-                                connect_timeout=args.ssh_connect_timeout),
-                scheduler_on_first_host=args.scheduler_on_first_host,
-                scheduler_address=args.scheduler_address, python=args.python or "",
-                copy_to=args.copy_workdir)
-            if args.num_servers is None:
-                args.num_servers = len(cluster.hosts)
-        elif args.num_servers is None:
-            raise LaunchError("-s/--num-servers is required (without -H)")
+        cluster = engines.cluster_from_args(args)
         result = run_job(command, args.num_workers, args.num_servers, env=env,
                          timeout=args.timeout, job_timeout=args.job_timeout,
                          emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
-                         stall_timeout=args.stall_timeout, max_restarts=args.max_restarts)
+                         stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
+                         allreduce=args.allreduce, host_wait=args.host_wait)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode

@@ -20,6 +20,9 @@ What it changes, and nothing else:
   ``getfqdn()`` resolves to, else a UDP route lookup towards 10.255.255.255)
   fails on a machine without a default route and picks the wrong interface on
   one with several.
+* as root, ``OMPI_ALLOW_RUN_AS_ROOT`` and its confirmation are set (unless
+  set already), which Open MPI's mpirun needs to start as root for
+  ``--launcher mpi``.
 
 tools/launch.py still does not watch its nodes: a node that dies leaves the
 others waiting until someone kills them (``cpsgd-launch -H`` does; see
@@ -65,6 +68,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if host_ip is not None:
         from dmlc_tracker import tracker
         tracker.get_host_ip = lambda _requested=None: host_ip
+    if os.geteuid() == 0:  # Open MPI's mpirun refuses root without both
+        os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     sys.argv = [path] + argv
     runpy.run_path(path, run_name="__main__")
 

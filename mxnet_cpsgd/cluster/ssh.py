@@ -297,6 +297,8 @@ class RemoteProcess:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      **popen_kwargs)
         self.pid = self._ssh.pid
+        #: what carries the session: ssh, or srun / mpirun (see .step_nodes)
+        self.transport = os.path.basename(ssh_argv[0]) if ssh_argv else "ssh"
         self.stdout = self._ssh.stdout
         self.remote_pid: Optional[int] = None
         self.remote_exit: Optional[int] = None
@@ -381,8 +383,8 @@ class RemoteProcess:
             return None
         if self.stopped_why is not None:
             return "was stopped by its remote watchdog (%s)" % self.stopped_why
-        return "lost its ssh session (ssh exited with code %d%s)" % (
-            self._ssh.returncode, ": " + self.ssh_error if self.ssh_error else "")
+        return "lost its %s session (%s exited with code %d%s)" % (
+            self.transport, self.transport, self._ssh.returncode, ": " + self.ssh_error if self.ssh_error else "")
 
     def signal_group(self, signum: int) -> None:
         """SIGTERM/SIGKILL the remote process group through the watchdog
