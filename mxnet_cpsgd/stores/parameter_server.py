@@ -257,8 +257,11 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._no_mirrors_reason = "its state is not float32 arrays"
         self._state_per_element = (mirrored or 0) // probe_size
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
+        # gluon pushes only parameters with gradients: the others weigh nothing in the balance
+        moving = [index for index, param in optimizer.param_dict.items()
+                  if param.grad_req != "null"]
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
-                                 bigarray_bound())
+                                 bigarray_bound(), moving=moving)
         self._policy.set_keys({index: int(np.prod(shape)) for index, shape in shapes.items()})
         self._adopt_optimizer(optimizer)
 
