@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from mxnet_cpsgd.stores.key_layout import KeyLayout, server_of
+from mxnet_cpsgd.stores.key_layout import Chunk, KeyLayout, server_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,15 +122,38 @@ def test_parameters_without_gradients_weigh_nothing():
     assert counted.is_chunked(2) and max(counted.server_loads(2)) <= 1.02 * 10200 / 2 + 1
 
 
+def test_link_bytes_of_an_even_layout():
+    """Four equal parameters on four colocated servers, by the closed forms: a
+    dense round moves 2 (N-1)/N of the model each way, a 2-bit round (N-1)/N
+    of the model plus (N-1)/N of its 16-fold compressed pushes."""
+    from mxnet_cpsgd.bench.layout import link_bytes
+    n, size = 4, 160
+    shapes = {i: (size,) for i in range(n)}
+    layout = KeyLayout(shapes, n, 1, 10 ** 6)
+    assert not any(layout.is_chunked(i) for i in shapes)
+    model = 4 * size * n
+    got = link_bytes(layout.chunks, list(shapes), n, correction_period=5)
+    assert got["model"] == model
+    assert got["ssgd"] == got["ring"] == 2 * (n - 1) / n * model
+    assert got["bitsgd"] == (n - 1) / n * (model + model / 16)
+    assert got["cpsgd"] == (4 * got["bitsgd"] + got["ssgd"]) / 5
+    # all on one server: its host serves every pull
+    lopsided = {i: [Chunk(n * i, c.start, c.stop) for c in cs]  # key n*i: server 0
+                for i, cs in layout.chunks.items()}
+    assert link_bytes(lopsided, list(shapes), n)["ssgd"] == (n - 1) * model
+
+
 def test_layout_command_prints_the_balance():
     """Smoke run of ``python -m mxnet_cpsgd.bench.layout``."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "mxnet_cpsgd.bench.layout", "--model",
-                          "resnet20", "--servers", "4", "16"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+                          "resnet20", "--servers", "4", "16", "--link-bytes"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = [line.split("|") for line in out.stdout.splitlines()
-            if line.startswith("| resnet20")]
+            if line.startswith("| resnet20 |")]
+    links = [line for line in out.stdout.splitlines() if line.startswith("| resnet20 (")]
+    assert len(links) == 4 and "| 16 | the stores |" in links[2]
     assert [int(r[2]) for r in rows] == [4, 16]
     assert all(float(r[4]) <= 1.05 for r in rows)
     assert float(rows[1][5]) > 2  # whole parameters: the largest layer alone
