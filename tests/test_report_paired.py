@@ -268,3 +268,48 @@ def test_a_run_in_progress_is_listed_not_compared(tmp_path):
     assert [row["label"] for row in rep.accuracy_rows] == ["SSGD"]
     assert "m2/k5-M2-loopback-s1, %d of 10 epochs logged" % EPOCHS in rep.markdown
     assert "| m2/k5-M2-loopback-s1 | failed |" in rep.markdown   # still in the runs list
+
+
+def test_t90_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 4, 9, 30):
+        assert paired.t90(df) == pytest.approx(stats.t.ppf(0.95, df), abs=1e-3)
+    assert paired.t90(200) == pytest.approx(stats.norm.ppf(0.95), abs=1e-3)
+    with pytest.raises(ValueError):
+        paired.t90(0)
+
+
+@pytest.mark.parametrize("diffs, margin", [
+    ([0.10, -0.05, 0.20, 0.00, 0.05], 0.5),    # tight around 0: equivalent
+    ([0.10, -0.40, 0.60, 0.00, 0.30], 0.5),    # centred but wide
+    ([0.45, 0.40, 0.50, 0.42, 0.48], 0.5),     # tight but near the margin
+    ([-0.60, -0.70, -0.65], 0.5),              # clearly below
+    ([0.2, -0.1], 1.0),                        # 2 seeds, wide margin
+])
+def test_equivalence_is_tost_at_the_margin(diffs, margin):
+    """TOST computed here from scipy's one-sided tests: equivalent iff both one-sided
+    p-values (H0: mean <= -margin, H0: mean >= +margin) are below 0.05."""
+    stats = pytest.importorskip("scipy.stats")
+    d = paired.PairedDiff("e", 2, None, "k5", "SSGD", list(range(len(diffs))), diffs)
+    n = len(diffs)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1)) / math.sqrt(n)
+    p_low = stats.t.sf((mean + margin) / se, n - 1)
+    p_high = stats.t.cdf((mean - margin) / se, n - 1)
+    expected = "equivalent" if max(p_low, p_high) < 0.05 else "not shown equivalent"
+    assert d.equivalence(margin) == expected
+    lo, hi = d.ci90
+    half = stats.t.ppf(0.95, n - 1) * se
+    assert lo == pytest.approx(mean - half, abs=1e-3) and hi == pytest.approx(mean + half, abs=1e-3)
+
+
+def test_equivalence_outcomes_and_bad_margin():
+    eq = paired.PairedDiff("e", 2, None, "a", "b", [1, 2, 3, 4, 5], [0.1, -0.05, 0.2, 0.0, 0.05])
+    wide = paired.PairedDiff("e", 2, None, "a", "b", [1, 2, 3], [0.9, -0.9, 0.1])
+    one = paired.PairedDiff("e", 2, None, "a", "b", [1], [0.0])
+    assert eq.equivalence(0.5) == "equivalent"
+    assert wide.equivalence(0.5) == "not shown equivalent"
+    assert wide.verdict == "not distinguishable"      # an interval with 0 is not "equal"
+    assert one.equivalence(0.5) == "one seed: no interval"
+    with pytest.raises(ValueError):
+        eq.equivalence(0)

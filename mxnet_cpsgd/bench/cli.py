@@ -37,7 +37,8 @@ launcher job (MXNet allows one distributed store per process), and writes
 * with ``--timeline``: ``timeline/<rate>-<algorithm>.trace.json`` (all
   workers' MXNet profiler traces merged, one pid per worker; open in
   chrome://tracing or ui.perfetto.dev) and ``timeline-<rate>.png`` (a few
-  iterations of bitsgd and cpsgd one above the other).
+  iterations of up to three runs one above the other: bitsgd, cpsgd and horovod
+  where they were measured, else the next algorithms).
 
 Rates: ``none`` runs every node in its own network namespace on a bridge with
 links so fast (``--unshaped-rate``, default 100gbit) that tbf never queues, so
@@ -199,7 +200,8 @@ def _parser():
                    help="skip the compute-only job")
     p.add_argument("--timeline", action="store_true",
                    help="profile --timeline-iters extra iterations per run with MXNet's "
-                        "profiler; merged traces and a bitsgd/cpsgd PNG per rate")
+                        "profiler; merged traces, and per rate a PNG of up to three runs "
+                        "(bitsgd, cpsgd and horovod where measured, else the next ones)")
     p.add_argument("--timeline-iters", type=int, default=4)
     p.add_argument("--engine-threads", type=int, default=1,
                    help="MXNET_CPU_WORKER_NTHREADS of every process (default 1: one engine "

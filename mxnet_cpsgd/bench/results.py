@@ -9,7 +9,7 @@ from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
 from .runs import median_of, rate_bps, reference_labels
 
-# targets of issue 15 (docs/performance.md)
+# cpsgd's speed targets, the "Targets (cpsgd)" table (docs/performance.md)
 EMULATED_VS_BITSGD = 0.75     # emulated compute, transfer ~ compute
 EMULATED_VS_HOROVOD = 0.75
 EMULATED_VS_BOUND = 1.15      # x max(compute, transfer bound)
@@ -206,7 +206,7 @@ def add_ratios(rows: List[dict], compute_ms: Optional[float],
 
 def check_targets(rows: List[dict], compute_ms: Optional[float],
                   config: Optional[dict] = None) -> List[dict]:
-    """The targets of issue 15 for cpsgd, per rate (``applies`` says where a
+    """cpsgd's speed targets, per rate (``applies`` says where a
     target is meant to hold; the value is reported everywhere)."""
     config = config or {}
     emulated = bool(config.get("emulate_compute"))

@@ -3,7 +3,9 @@
 Runs of one experiment, M and network that share a seed share their data order and
 initial weights, so the difference of their final accuracies is paired: its mean over
 seeds and a 95 % confidence interval (Student's t on the paired differences) say more
-than two means with their spreads.  The reference of a label is S-SGD at the same
+than two means with their spreads.  "Equal" needs more than an interval that includes 0:
+:meth:`PairedDiff.equivalence` is the two one-sided tests (TOST) at a margin fixed before
+the runs (the 90 % interval inside [-margin, +margin]).  The reference of a label is S-SGD at the same
 setting: ``SSGD`` for plain labels, ``SSGD-<suffix>`` for a label ending in
 ``-<suffix>`` (e.g. ``k5-mom0`` against ``SSGD-mom0``) when such a group exists.
 """
@@ -17,6 +19,20 @@ from .summary import FAILED_POINTS, Group
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
        2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
        2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+#: one-sided 95 % quantiles (two-sided 90 %), by degrees of freedom (1..30): TOST's
+T90 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
+       1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725,
+       1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
+
+
+def t90(df: int) -> float:
+    """Two-sided 90 % (one-sided 95 %) quantile of Student's t with ``df`` degrees of
+    freedom (>= 1); 1.645 beyond the table."""
+    if df < 1:
+        raise ValueError("t90 needs df >= 1, got %r" % df)
+    return T90[df - 1] if df <= len(T90) else 1.645
 
 
 def t95(df: int) -> float:
@@ -60,6 +76,28 @@ class PairedDiff:
             return None
         half = t95(self.n - 1) * self.std / math.sqrt(self.n)
         return self.mean - half, self.mean + half
+
+    @property
+    def ci90(self) -> Optional[Tuple[float, float]]:
+        """90 % confidence interval of the mean difference (None below 2 seeds): the
+        interval of the two one-sided tests at level 5 % each."""
+        if self.n < 2:
+            return None
+        half = t90(self.n - 1) * self.std / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+    def equivalence(self, margin: float) -> str:
+        """TOST at +-``margin`` points: 'equivalent' when the 90 % interval lies inside
+        [-margin, +margin], 'not shown equivalent' otherwise (too wide or off-centre),
+        'one seed: no interval' with one seed."""
+        if margin <= 0:
+            raise ValueError("an equivalence margin must be > 0 points, got %r" % margin)
+        ci = self.ci90
+        if ci is None:
+            return "one seed: no interval"
+        if -margin < ci[0] and ci[1] < margin:
+            return "equivalent"
+        return "not shown equivalent"
 
     @property
     def not_trained(self) -> List[object]:

@@ -131,8 +131,9 @@ KNOBS = {
     "correction_period": (_int_at_least(1),
                           "every correction_period-th iteration pushes full precision"),
     "correction_schedule": (_choice("aligned", "staggered"),
-                            "cpsgd: 'aligned' (every parameter corrected on the same "
-                            "iteration, the authors' rule) or 'staggered' (each parameter at "
+                            "cpsgd, cpsgd_<compressor>: 'aligned' (every parameter "
+                            "corrected on the same iteration, the authors' rule) or "
+                            "'staggered' (each parameter at "
                             "its own phase, about 1/correction_period of the bytes per "
                             "iteration)"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),

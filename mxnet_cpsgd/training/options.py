@@ -20,10 +20,13 @@ PROJECT_STORES = ("ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd",
 RAW_DIST_STORES = ("dist_sync", "dist_device_sync", "dist_async")
 ALGORITHMS = PROJECT_STORES + ("local",) + RAW_DIST_STORES
 
-# knob -> (command-line flag, type)
+# knob -> (command-line flag, type); a knob of stores/config.py's KNOBS not named here
+# still gets a flag, --<knob-with-dashes>, its value checked and converted by the knob's
+# own validator (see _add_unlisted_knobs)
 KNOB_FLAGS = {
     "threshold": ("--threshold", float),
     "correction_period": ("--correction-period", int),
+    "correction_schedule": ("--correction-schedule", str),
     "warmup_steps": ("--warmup-steps", int),
     "sync_period": ("--sync-period", int),
     "local_lr": ("--local-lr", float),
@@ -35,6 +38,18 @@ KNOB_FLAGS = {
     "rank": ("--rank", int),
     "correction_residual": ("--correction-residual", str),
 }
+# knobs with no script flag: the compression type is always MXNet's 2-bit
+NO_FLAG_KNOBS = ("type",)
+
+
+def _add_unlisted_knobs():
+    from ..stores.config import KNOBS
+    for knob in KNOBS:
+        if knob not in KNOB_FLAGS and knob not in NO_FLAG_KNOBS:
+            KNOB_FLAGS[knob] = ("--" + knob.replace("_", "-"), str)
+
+
+_add_unlisted_knobs()
 
 #: --lr-convention: what the servers apply the learning rate to, with M workers
 #: and B samples per worker (see docs/training.md, "Learning rate and batch size")
@@ -70,19 +85,20 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     """
     defaults = dict(defaults or {})
     knob_defaults = defaults.pop("knob_defaults", {})
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=description, formatter_class=_HelpFormatter)
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default="local", choices=ALGORITHMS,
                    help="training algorithm: one of this project's stores, 'local' "
                         "(one process, no kvstore) or MXNet's own dist_* stores")
+    from ..stores.config import KNOBS
     for knob, (flag, typ) in KNOB_FLAGS.items():
         script_default = knob_defaults.get(knob)
-        extra = ("; this script uses %r when the algorithm accepts it" % script_default
+        extra = ("; this script passes %r to the stores that accept it" % script_default
                  if script_default is not None else "")
         g.add_argument(flag, dest=knob, type=typ, default=None,
-                       help="algorithm knob %s (default: not passed, the algorithm's "
-                            "own default%s)" % (knob, extra))
+                       help="knob %s: %s (when not given: the store's own default, "
+                            "listed in docs/knobs.md%s)"
+                            % (knob, KNOBS[knob][1].replace("%", "%%"), extra))
     p.set_defaults(knob_defaults=knob_defaults)
 
     g = p.add_argument_group("data and model")
@@ -159,27 +175,33 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     return p
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default only where it says something: not for None (not set)
+    nor for on/off switches, and not twice where the help already states it."""
+
+    def _get_help_string(self, action):
+        if (action.default is None or isinstance(action.default, bool)
+                or "(default" in (action.help or "")):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _store_defaults(algorithm: str) -> Dict[str, object]:
+    """knob -> default of the algorithm's store (empty for local/raw MXNet stores)."""
+    if algorithm not in PROJECT_STORES:
+        return {}
+    from ..stores.catalog import knob_defaults
+    return knob_defaults(algorithm)
+
+
 def accepted_knobs(algorithm: str) -> Tuple[str, ...]:
     """Knobs the algorithm's store accepts (none for local/raw MXNet stores)."""
-    if algorithm not in PROJECT_STORES:
-        return ()
-    from ..stores.policies import POLICIES
-    from ..stores.allreduce.compressors import STORES
-    if algorithm in POLICIES:
-        return tuple(sorted(POLICIES[algorithm].defaults))
-    store = STORES.get(algorithm)
-    return tuple(sorted(store.knob_defaults())) if store is not None else ()
+    return tuple(sorted(_store_defaults(algorithm)))
 
 
 def _knobs_on_by_default(algorithm: str) -> Tuple[str, ...]:
     """Accepted knobs whose default is not None (off)."""
-    if algorithm not in PROJECT_STORES:
-        return ()
-    from ..stores.policies import POLICIES
-    from ..stores.allreduce.compressors import COMPRESSORS
-    policy = POLICIES.get(algorithm) or COMPRESSORS.get(algorithm)
-    return tuple(k for k, v in sorted(policy.defaults.items()) if v is not None) \
-        if policy is not None else ()
+    return tuple(k for k, v in sorted(_store_defaults(algorithm).items()) if v is not None)
 
 
 def compression_params(args: argparse.Namespace) -> Dict[str, object]:
@@ -204,10 +226,9 @@ def compression_params(args: argparse.Namespace) -> Dict[str, object]:
     in_use = _knobs_on_by_default(args.algorithm)
     params = {k: v for k, v in (getattr(args, "knob_defaults", None) or {}).items()
               if k in in_use and v is not None}
-    params.update(user)
     for knob, value in user.items():
         try:
-            KNOBS[knob][0](KNOB_FLAGS[knob][0], value)
+            params[knob] = KNOBS[knob][0](KNOB_FLAGS[knob][0], value)
         except ConfigError as err:
             raise UsageError(str(err)) from None
     return params

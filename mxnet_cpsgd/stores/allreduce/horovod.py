@@ -42,7 +42,7 @@ NAME = "horovod"
 INSTALL_HINT = (
     "HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 "
     "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
-    "pip install --no-build-isolation 'mxnet-cpsgd[horovod]'")
+    "pip install --no-build-isolation 'horovod==0.28.1'")
 PREREQ_HINT = ("(needs mxnet, numpy, wheel and cmake already installed in the same "
                "environment, and a C++ compiler; builds horovod==0.28.1 from source in "
                "a few minutes)")

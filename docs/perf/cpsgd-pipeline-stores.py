@@ -1,6 +1,6 @@
-"""Prototype and probe for cpsgd's compressed pipeline (issue 15; not project code).
+"""Prototype and probe for cpsgd's compressed pipeline (not project code).
 
-Run via ``cpsgd-bench --worker-setup docs/perf/issue15-pipeline-stores.py``.
+Run via ``cpsgd-bench --worker-setup docs/perf/cpsgd-pipeline-stores.py``.
 
 cpsgddbuf: cpsgd whose compressed rounds alternate between two send buffers.
     MXNet pulls a key into the array last pushed for it, so with one buffer the

@@ -1,4 +1,5 @@
-"""Diagnostic-only stores for issue 15 (not project code; run via --worker-setup).
+"""Diagnostic-only stores of the 2-worker cpsgd measurements (not project code;
+run via --worker-setup).
 
 cpsgdnowait: cpsgd without the global wait for in-flight pulls before a correction
     round's dense pushes. UNSAFE: a pull operation that reads the compression type

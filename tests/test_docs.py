@@ -1,0 +1,90 @@
+"""User docs say what is true now: no project history or development-machine paths
+in the README, docs/ or the commands' --help, and every relative link resolves."""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the obvious signs of lab notes in a user page: issue numbers, the process that made
+# the project, and paths of the machine it was developed on
+PROCESS_TALK = re.compile(
+    r"\bissues?[ -]?#?\d+|\bissue's\b|\bas the issue\b|\bthis session\b|\bother agents\b"
+    r"|\bother (?:developers|sessions)\b|\bcluster branch\b|/work/|/tmp/venv", re.IGNORECASE)
+
+
+def _pages():
+    pages = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md")]
+    pages += glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    return sorted(pages)
+
+
+def _hits(text):
+    """The matches, with words broken over lines joined again."""
+    flat = re.sub(r"\s+", " ", text)
+    return [flat[max(0, m.start() - 40):m.end() + 20] for m in PROCESS_TALK.finditer(flat)]
+
+
+def test_the_pattern_finds_what_it_is_for():
+    for bad in ("Issue 13 gave", "the issue-15 targets", "issue15-ab1", "in this session",
+                "shared with other agents", "other developers' jobs", "five other sessions ran",
+                "the cluster branch's", "/work/main/.venv/bin/python", "/tmp/venv/lib",
+                "as the issue specifies"):
+        assert _hits(bad), bad
+    for fine in ("issues a pull", "the tissue", "/tmp/cl/wd", "reissued"):
+        assert not _hits(fine), fine
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_page_has_no_process_talk(page):
+    with open(page) as f:
+        hits = _hits(f.read())
+    assert not hits, "%s: %s" % (os.path.relpath(page, ROOT), hits)
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path):
+    """GitHub's anchors of a Markdown file's headings."""
+    with open(path) as f:
+        headings = re.findall(r"^#+ (.*)$", f.read(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_relative_links_resolve(page):
+    with open(page) as f:
+        text = f.read()
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        path = os.path.join(os.path.dirname(page), path) if path else page
+        if not os.path.exists(path):
+            broken.append(target)
+        elif anchor and path.endswith(".md") and anchor not in _anchors(path):
+            broken.append(target)
+    assert not broken, "%s: %s" % (os.path.relpath(page, ROOT), broken)
+
+
+HELP_COMMANDS = [
+    ["scripts/train_mnist.py"], ["scripts/train_cifar.py"], ["scripts/train_imagenet.py"],
+    ["-m", "mxnet_cpsgd.launch"], ["-m", "mxnet_cpsgd.bench"], ["-m", "mxnet_cpsgd.repro"],
+]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: c[-1])
+def test_help_has_no_process_talk(command):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable] + command + ["--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
+    assert not _hits(proc.stdout), _hits(proc.stdout)
+    assert "(default: None)" not in proc.stdout

@@ -1,0 +1,86 @@
+"""Time to accuracy from fixed training logs (no MXNet): iterations to S-SGD's final
+accuracy minus a drop, computed here independently from the curves the fixture writes."""
+import json
+import os
+
+import pytest
+
+from mxnet_cpsgd.repro import report
+from mxnet_cpsgd.repro.time_to_accuracy import (iterations_to_target, time_to_accuracy,
+                                                time_to_accuracy_markdown)
+
+ITERS = 100     # iterations per epoch
+# label -> seed -> validation accuracy at the end of each epoch (both ranks alike)
+CURVES = {
+    "SSGD": {1: [0.80, 0.86, 0.89, 0.900], 2: [0.81, 0.87, 0.88, 0.896]},
+    "k5": {1: [0.70, 0.84, 0.894, 0.897], 2: [0.75, 0.85, 0.87, 0.889]},
+    "BIT": {1: [0.60, 0.70, 0.80, 0.85], 2: [0.62, 0.71, 0.85, 0.8935]},
+}
+
+
+def _write(root, label, seed, curve):
+    d = os.path.join(root, "runs", "m2", "%s-M2-loopback-s%d" % (label, seed))
+    os.makedirs(d)
+    meta = {"run_id": "m2/%s-M2-loopback-s%d" % (label, seed), "experiment": "m2",
+            "label": label, "algorithm": {"SSGD": "ssgd", "k5": "cpsgd"}.get(label, "bitsgd"),
+            "num_workers": 2, "rate": None, "seed": seed, "knobs": {}, "status": "ok"}
+    with open(os.path.join(d, "run.json"), "w") as f:
+        json.dump(meta, f)
+    for rank in range(2):
+        name = "log.json" if rank == 0 else "log.rank%d.json" % rank
+        with open(os.path.join(d, name), "w") as f:
+            for e, acc in enumerate(curve):
+                f.write(json.dumps({"epoch": e, "rank": rank, "num_workers": 2,
+                                    "val_acc": acc, "iterations": ITERS}) + "\n")
+
+
+@pytest.fixture()
+def groups(tmp_path):
+    root = str(tmp_path / "out")
+    for label, seeds in CURVES.items():
+        for seed, curve in seeds.items():
+            _write(root, label, seed, curve)
+    return report.group_runs([report.summarize_run(r) for r in report.load_runs(root)])
+
+
+def _expected(label, drop):
+    """Per seed, (epoch index + 1) x ITERS of the first epoch at the target."""
+    ref = [c[-1] for c in CURVES["SSGD"].values()]
+    target = sum(ref) / len(ref) - drop / 100.0
+    out = []
+    for seed in sorted(CURVES[label]):
+        hit = [e for e, acc in enumerate(CURVES[label][seed]) if acc >= target]
+        out.append((hit[0] + 1) * ITERS if hit else None)
+    return target, out
+
+
+def test_iterations_to_target():
+    pts = [(100, 0.5), (200, 0.8), (300, 0.9)]
+    assert iterations_to_target(pts, 0.8) == 200
+    assert iterations_to_target(pts, 0.95) is None
+    assert iterations_to_target([], 0.1) is None
+
+
+@pytest.mark.parametrize("drop", [0.5, 1.0])
+def test_time_to_accuracy_per_seed(groups, drop):
+    rows = {r.label: r for r in time_to_accuracy(groups, drops=[drop])}
+    assert set(rows) == {"SSGD", "k5", "BIT"}
+    for label, row in rows.items():
+        target, iters = _expected(label, drop)
+        assert row.reference == "SSGD"
+        assert row.target == pytest.approx(target)
+        assert row.iterations == iters
+        got = [i for i in iters if i is not None]
+        assert row.reached == len(got)
+        assert row.mean_iterations == (sum(got) / len(got) if got else None)
+
+
+def test_markdown_marks_measured_and_combined(groups):
+    rows = time_to_accuracy(groups, drops=[1.0])
+    text = time_to_accuracy_markdown(rows, {("k5", 2): 50.0})
+    k5 = next(r for r in rows if r.label == "k5")
+    assert "iterations (measured, mean)" in text and "(combined)" in text
+    line = next(l for l in text.splitlines() if "| k5 |" in l)
+    assert "| 50.0 | %.0f |" % (k5.mean_iterations * 0.05) in line
+    bit = next(l for l in text.splitlines() if "| BIT |" in l)
+    assert "| n/a | n/a |" in bit       # no time per iteration given
