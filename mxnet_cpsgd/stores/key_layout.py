@@ -14,9 +14,10 @@ server carries the same share of the bytes that travel each round
 (:func:`balanced_keys`): chunks by size, largest first, each to the server
 with the fewest elements so far, and a chunk that would take that server past
 its share (the mean plus a 2 % slack) is cut there, its rest placed like any
-other chunk.  Each cut fills a server, so a layout has at most
-``num_servers - 1`` more keys than the bound alone needs, and no server holds
-more than about 1.02 x the mean share.  With the Trainer's indices as keys,
+other chunk.  Each cut leaves a server at or above the mean share, where no
+chunk with elements goes again, so a layout has at most ``num_servers - 1``
+more keys than the bound alone needs, and no server holds more than about
+1.02 x the mean share.  With the Trainer's indices as keys,
 MXNet's hash leaves ResNet-20's busiest of 4 servers with 1.32 x the mean, and
 whole keys cannot do better than its largest layer: 2.16 x the mean of 16
 servers.  In a colocated cluster the busiest server's host link sets the
