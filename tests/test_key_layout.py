@@ -33,7 +33,7 @@ def _loads(layout, num_servers):
 def test_keys_spread_the_elements_over_the_servers(num_servers):
     layout = KeyLayout(SHAPES, num_servers, 1, 10 ** 6)
     keys = layout.keys()
-    # every cut fills a server: at most num_servers - 1 keys more than parameters
+    # a cut server takes no more chunks: at most num_servers - 1 keys more than parameters
     assert len(keys) == len(set(keys)) <= len(SHAPES) + num_servers - 1
     _check_chunks(layout, SHAPES)
     load = _loads(layout, num_servers)
@@ -48,6 +48,29 @@ def test_keys_spread_the_elements_over_the_servers(num_servers):
         assert server_of(layout.mirror_base + key, num_servers) == server_of(key, num_servers)
     # deterministic: every worker derives the same keys
     assert KeyLayout(SHAPES, num_servers, 1, 10 ** 6).chunks == layout.chunks
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_models_stay_within_the_slack(seed):
+    """Random parameter sizes (a few large, many small, some that never travel)
+    and server counts: the busiest server holds at most the mean share rounded
+    up plus 2 % of it, with at most num_servers - 1 extra keys."""
+    rng = np.random.RandomState(seed)
+    count = rng.randint(1, 60)
+    sizes = [int(v) for v in np.exp(rng.uniform(0, 12, size=count))]
+    shapes = {i: (v,) for i, v in enumerate(sizes)}
+    moving = [i for i in shapes if rng.rand() < 0.85]
+    num_servers = int(rng.choice([2, 3, 5, 8, 16, 32, 64]))
+    bound = int(rng.choice([1000, 10 ** 6]))
+    layout = KeyLayout(shapes, num_servers, 1, bound, moving=moving)
+    _check_chunks(layout, shapes)
+    total = sum(sizes[i] for i in moving)
+    load = layout.server_loads(num_servers)
+    assert sum(load) == total
+    assert max(load) <= -(-total // num_servers) + int(0.02 * total / num_servers)
+    bound_only = KeyLayout(shapes, 1, 1, bound, moving=moving)
+    assert len(set(layout.keys())) == len(layout.keys()) <= \
+        len(bound_only.keys()) + num_servers - 1
 
 
 def test_one_server_keeps_the_trainer_indices_and_chunks_stay_in_order():
