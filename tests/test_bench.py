@@ -197,6 +197,26 @@ def test_emulated_compute_releases_layers_in_reverse_order():
     mx.nd.waitall()
 
 
+def test_layer_flops_count_the_whole_batch():
+    """The layers' FLOPs (counted from a one-sample pass) are those of the batch,
+    against counts by hand: conv 2 x weights x output pixels, BatchNorm 4 per
+    output value, Dense 2 x weights, each x the batch."""
+    import mxnet as mx
+    from mxnet import gluon
+    from mxnet_cpsgd.bench.emulate import layer_flops
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Conv2D(4, kernel_size=3, in_channels=2), gluon.nn.BatchNorm(in_channels=4),
+            gluon.nn.Flatten(), gluon.nn.Dense(5, in_units=4 * 6 * 6))
+    net.initialize()
+    batch = 8
+    layers = layer_flops(net, (2, 8, 8), batch)
+    assert [l["flops"] for l in layers] == [2 * (4 * 2 * 3 * 3) * (6 * 6) * batch,
+                                           4 * (4 * 6 * 6) * batch,
+                                           2 * (5 * 4 * 6 * 6) * batch]
+    assert [len(l["params"]) for l in layers] == [2, 2, 2]
+    mx.nd.waitall()
+
+
 def test_summarize_transfer_bound():
     """The bound is the busiest link direction's bytes x 8 / rate."""
     run = {"rate": "100mbit", "algorithm": "ssgd", "failure": None, "load_before": [0, 0, 0],

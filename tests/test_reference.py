@@ -378,7 +378,35 @@ CPSGD_CASES = {
     # t = 0, 1 warm-up; 2 dense ((t + 1) % 3 == 0); 3, 4 compressed; 5 dense; 6 compressed
     "momentum-2servers-1M-param": (MOMENTUM, BIG_LINEAR, 7,
                                    dict(CPSGD_KNOBS, warmup_steps=2), 2, None),
+    # the first weight (30 of 53 elements) is cut across servers by the balance
+    "momentum-4servers-cut": (MOMENTUM, SMALL_MLP, 30, CPSGD_KNOBS, 4, None),
 }
+
+
+def assert_cut_across_servers(rec, num_servers):
+    """The job's largest parameter was cut into chunks on several servers.
+
+    It holds more than a server's share of the elements, so the stores' layout
+    cuts it whatever the order of the others; this recomputes that layout."""
+    from mxnet_cpsgd.stores.key_layout import KeyLayout, server_of
+    shapes = {i: rec.weights(0, 0)[n].shape for i, n in enumerate(rec.params)}
+    sizes = {i: int(np.prod(s)) for i, s in shapes.items()}
+    largest = max(sizes, key=sizes.get)
+    assert sizes[largest] > sum(sizes.values()) / num_servers
+    layout = KeyLayout(shapes, num_servers, 1, 10 ** 6)
+    assert len({server_of(c.key, num_servers) for c in layout.chunks[largest]}) > 1
+
+
+def test_bitsgd_with_cut_parameters_matches_reference(worker_job):
+    """BIT-SGD with 4 servers, its first weight cut across them, dense warm-up and
+    correction rounds mixed with compressed ones on the same chunk keys."""
+    knobs = BITSGD_ABLATION_KNOBS
+    rec = jobutil.run_recording(worker_job, spec("bitsgd", knobs, iterations=14),
+                                num_servers=4)
+    assert_cut_across_servers(rec, 4)
+    traj = check_against_reference(rec, "bitsgd", knobs)
+    assert {"dense", "compressed"} <= set(traj.push_kind[4:])
+    assert_nontrivial_quantization(traj)
 
 
 @pytest.mark.parametrize("case", sorted(CPSGD_CASES))
@@ -403,6 +431,8 @@ def test_cpsgd_matches_reference(worker_job, case):
     assert any(traj.residual_abs[t - 1] > 0 for t in corrections if t > warmup)
     if big:
         assert max(int(np.prod(rec.weights(0, 0)[n].shape)) for n in rec.params) >= 10 ** 6
+    if servers > 2:
+        assert_cut_across_servers(rec, servers)
 
 
 #: two heads (an MLP and a linear one): 6 parameters of 4 sizes over 3 phases

@@ -40,9 +40,9 @@ K_WARMUP = 3     # inside warm-up: no compressed push before the stop
 K_COMPRESSED = 7  # after compressed rounds 4 and 6 (5 is a correction round: (5+1) % 3 == 0)
 
 
-def _job(worker_job, algo, knobs, out, *args):
+def _job(worker_job, algo, knobs, out, *args, servers=1):
     result = worker_job("resume_worker.py", "--algo", algo, "--knobs", knobs, "--out", out,
-                        *args, job_timeout=120)
+                        *args, num_servers=servers, job_timeout=120)
     assert result.returncode == 0, result.text
     assert not result.leftover, result.leftover
     return result
@@ -132,10 +132,10 @@ def cpsgd_runs(worker_job, tmp_path_factory):
     return run_a, run_b
 
 
-def _resume(worker_job, algo, knobs, run_b, out, k, *extra):
+def _resume(worker_job, algo, knobs, run_b, out, k, *extra, servers=1):
     """Run C: a new job resuming from run B's files at K, writing to ``out``."""
     return _job(worker_job, algo, knobs, str(out), "--iters", ITERS, "--resume-from", k,
-                "--ckpt-dir", run_b, *extra)
+                "--ckpt-dir", run_b, *extra, servers=servers)
 
 
 def test_cpsgd_resume_in_warmup_is_exact(worker_job, cpsgd_runs, tmp_path):
@@ -225,3 +225,38 @@ def test_save_right_after_load_keeps_server_weights(cpsgd_runs, cpsgd_resumed_la
     the servers' weights that were just loaded (after compressed rounds each
     worker's weights differ from the servers', so a stale read shows)."""
     _assert_restored(cpsgd_runs[1], cpsgd_resumed_late, K_COMPRESSED, skip=())
+
+
+def test_resume_on_more_servers_is_exact(worker_job, tmp_path_factory):
+    """A states file does not depend on how the servers' keys cut the parameters:
+    saved by a 1-server job, loaded by a 3-server job whose layout cuts the first
+    weight (72 of 123 elements) across the servers, the resume ends where A ends;
+    so does one from the same file rewritten in the earlier per-chunk format."""
+    import shutil
+    k = 5
+    run_a = str(tmp_path_factory.mktemp("servers-A"))
+    _job(worker_job, "ssgd", "{}", run_a, "--iters", ITERS, "--save-at", k)
+    blob = _load_blob(os.path.join(run_a, "ckpt-%d-rank0.states" % k))
+    assert blob["format"] == "mxnet-cpsgd-states-2"
+    states = [entry["server_state"] for entry in blob["params"].values()]
+    # one momentum value per element of each parameter, whole
+    assert sorted(s.shape for s in states) == [(1, 3), (1, 12), (1, 36), (1, 72)]
+    assert all(np.any(s != 0) for s in states)
+    run_c = tmp_path_factory.mktemp("servers-C")
+    _resume(worker_job, "ssgd", "{}", run_a, run_c, k, servers=3)
+    _assert_restored(run_a, str(run_c), k)
+    _assert_close(_final(run_a), _final(str(run_c)), rtol=1e-6)
+    # the earlier format: one state array per chunk of the saving layout (here one chunk)
+    old = str(tmp_path_factory.mktemp("servers-old-format"))
+    for rank in range(WORKERS):
+        name = "ckpt-%d-rank%d" % (k, rank)
+        shutil.copy(os.path.join(run_a, name + ".params"), old)
+        blob = _load_blob(os.path.join(run_a, name + ".states"))
+        blob["format"] = "mxnet-cpsgd-states-1"
+        for entry in blob["params"].values():
+            entry["server_state"] = [entry["server_state"].reshape(-1)]
+        with open(os.path.join(old, name + ".states"), "wb") as f:
+            pickle.dump(blob, f)
+    run_d = tmp_path_factory.mktemp("servers-D")
+    _resume(worker_job, "ssgd", "{}", old, run_d, k, servers=3)
+    _assert_close(_final(run_a), _final(str(run_d)), rtol=1e-6)

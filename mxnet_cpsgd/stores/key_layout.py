@@ -9,17 +9,31 @@ below the bound.  Every chunk key ``k`` also has a mirror key
 ``mirror_base + k`` for its server-side optimizer state, chosen so that MXNet
 places it on the same server as ``k`` (server = key * 9973 mod num_servers).
 
-With several servers the chunk keys are *chosen* so that every server holds
-about the same number of elements (greedy, largest chunk first, to the server
-with the fewest so far; :func:`balanced_keys`): with the Trainer's indices as
-keys MXNet's hash leaves ResNet-20's busiest of 4 servers with 1.32 x the mean
-load and of 8 servers with 1.43 x, and in a colocated cluster the busiest
-server's host link sets the iteration time.  Which server holds a key changes
-nothing that is computed.
+With several servers the chunks are cut and their keys *chosen* so that every
+server carries the same share of the bytes that travel each round
+(:func:`balanced_keys`): chunks by size, largest first, each to the server
+with the fewest elements so far, and a chunk that would take that server past
+its share (the mean plus a 2 % slack) is cut there, its rest placed like any
+other chunk.  Each cut leaves a server at or above the mean share, where no
+chunk with elements goes again, so a layout has at most ``num_servers - 1``
+more keys than the bound alone needs, and no server holds more than about
+1.02 x the mean share.  With the Trainer's indices as keys,
+MXNet's hash leaves ResNet-20's busiest of 4 servers with 1.32 x the mean, and
+whole keys cannot do better than its largest layer: 2.16 x the mean of 16
+servers.  In a colocated cluster the busiest server's host link sets the
+iteration time.  Which server holds a key changes nothing that is computed.
+
+What counts: the elements of the parameters that are pushed and pulled every
+round (``moving``); gluon never pushes parameters without gradients
+(BatchNorm's running statistics), so they are placed but weigh nothing.  The
+mirror keys travel only when a store registers, saves or loads them, not each
+round; they sit on their chunk's server and grow with its size, so the
+servers' memory is balanced along with the bytes.
 """
+import heapq
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .server_optimizer import MIRROR_TRAILER
 
@@ -52,16 +66,20 @@ class KeyLayout:
         state_per_element: optimizer-state elements per weight element on the
             servers (0 for plain SGD, 1 for momentum, 2 for Adam).
         bound: MXNet's big-array bound.
+        moving: indices of the parameters pushed and pulled every round (None:
+            all); only their elements count towards a server's share.
     """
 
     def __init__(self, shapes: Dict[int, Tuple[int, ...]], num_servers: int,
-                 state_per_element: float, bound: int):
+                 state_per_element: float, bound: int,
+                 moving: Optional[Iterable[int]] = None):
         # largest chunk whose weight and whose mirror (state + weights) stay below the bound
         limit = int((bound - 1 - MIRROR_TRAILER) / (1.0 + state_per_element))
         if limit < 1:
             raise ValueError("MXNET_KVSTORE_BIGARRAY_BOUND=%d is too small" % bound)
         self.limit = limit
         self.shapes = dict(shapes)
+        self.moving = frozenset(shapes if moving is None else moving)
         self.chunks: Dict[int, List[Chunk]] = {}
         indices = sorted(shapes)
         next_key = (max(indices) + 1) if indices else 0
@@ -79,7 +97,7 @@ class KeyLayout:
                 chunks.append(Chunk(index, 0, 0))
             self.chunks[index] = chunks
         if num_servers > 1:
-            self.chunks = balanced_keys(self.chunks, num_servers)
+            self.chunks = balanced_keys(self.chunks, num_servers, moving=self.moving)
             next_key = max(c.key for chunks in self.chunks.values() for c in chunks) + 1
         # the mirror of k is k + mirror_base; a multiple of num_servers keeps both on one server
         self.mirror_base = -(-max(next_key, 1) // num_servers) * num_servers
@@ -96,37 +114,74 @@ class KeyLayout:
         """chunk key -> parameter index"""
         return {c.key: index for index, chunks in self.chunks.items() for c in chunks}
 
+    def server_loads(self, num_servers: int) -> List[int]:
+        """Elements of the moving parameters each server carries per round."""
+        load = [0] * num_servers
+        for index, chunks in self.chunks.items():
+            if index in self.moving:
+                for c in chunks:
+                    load[server_of(c.key, num_servers)] += c.size
+        return load
+
 
 def server_of(key: int, num_servers: int) -> int:
     """The server MXNet's dist kvstore sends a (non-big) key to."""
     return (key * 9973) % num_servers
 
 
-def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int) -> Dict[int, List[Chunk]]:
-    """The same chunks with new keys that spread their elements evenly over
-    the servers: chunks by size, largest first (ties: parameter index, then
-    position), each to the server with the fewest elements so far (ties: the
-    lowest server), given the smallest unused key MXNet sends to that server.
-    Deterministic, so every worker derives the same keys.
+#: how far above the mean share a server may go before a chunk is cut for it
+SHARE_SLACK = 0.02
+
+
+def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int,
+                  moving: Optional[Iterable[int]] = None,
+                  split: bool = True) -> Dict[int, List[Chunk]]:
+    """The same parameters in chunks whose keys spread the moving elements
+    evenly over the servers.
+
+    Chunks by size, largest first (ties: parameter index, then position), each
+    to the server with the fewest elements so far (ties: the lowest server),
+    given the smallest unused key MXNet sends to that server.  With ``split``,
+    a chunk that would take its server above ``capacity`` (the mean share,
+    rounded up, plus ``SHARE_SLACK`` of it) is cut: the part that fills the
+    server stays, the rest goes back into the queue; a rest smaller than the
+    slack is avoided by cutting earlier.  Deterministic, so every worker
+    derives the same keys.
 
     Args:
-        chunks: parameter index -> its chunks (keys are replaced).
+        chunks: parameter index -> its contiguous chunks (keys are replaced).
         num_servers: servers in the job (>= 1).
+        moving: parameter indices whose elements count (None: all).
+        split: cut chunks (False: place whole chunks only).
     """
+    moving = set(chunks if moving is None else moving)
     # 9973 is prime, so key -> key * 9973 mod S is a bijection on residues mod S
     residue = {server_of(r, num_servers): r for r in range(num_servers)}
+    total = sum(c.size for index, cs in chunks.items() if index in moving for c in cs)
+    mean = -(-total // num_servers)
+    slack = int(SHARE_SLACK * total / num_servers)
+    capacity = mean + slack
+    min_piece = max(1, slack)
     used = [0] * num_servers  # keys already handed out per server
     load = [0] * num_servers
-    order = sorted(((c.size, index, j) for index, cs in chunks.items()
-                    for j, c in enumerate(cs)), key=lambda t: (-t[0], t[1], t[2]))
-    new_key = {}
-    for size, index, j in order:
+    # (-weight, index, start, stop): weight 0 for parameters that never travel
+    queue = [(-(c.size if index in moving else 0), index, c.start, c.stop)
+             for index, cs in chunks.items() for c in cs]
+    heapq.heapify(queue)
+    placed = {index: [] for index in chunks}
+    while queue:
+        neg_weight, index, start, stop = heapq.heappop(queue)
+        weight = -neg_weight
         server = min(range(num_servers), key=lambda s: (load[s], s))
-        new_key[(index, j)] = residue[server] + num_servers * used[server]
+        if split and load[server] + weight > capacity:
+            # the least loaded server holds at most the mean: at least the slack is free
+            cut = min(capacity - load[server], weight - min_piece)
+            heapq.heappush(queue, (-(weight - cut), index, start + cut, stop))
+            stop, weight = start + cut, cut
+        placed[index].append(Chunk(residue[server] + num_servers * used[server], start, stop))
         used[server] += 1
-        load[server] += size
-    return {index: [Chunk(new_key[(index, j)], c.start, c.stop) for j, c in enumerate(cs)]
-            for index, cs in chunks.items()}
+        load[server] += weight
+    return {index: sorted(cs, key=lambda c: c.start) for index, cs in placed.items()}
 
 
 def _numel(shape):

@@ -33,7 +33,9 @@ from .server_optimizer import MIRROR_TRAILER, ServerOptimizer, state_size
 
 _REQUIRED_ENV = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                  "DMLC_NUM_WORKER")
-_STATES_FORMAT = "mxnet-cpsgd-states-1"
+_STATES_FORMAT = "mxnet-cpsgd-states-2"
+#: the first format kept the servers' state per chunk of the layout that saved it
+_STATES_FORMAT_CHUNKED = "mxnet-cpsgd-states-1"
 
 
 class _Param:
@@ -105,6 +107,20 @@ def _describe_keys(keys):
     if keys == list(range(len(keys))):
         return "0..%d" % (len(keys) - 1) if keys else "none"
     return ", ".join(map(repr, keys))
+
+
+def _join_chunk_states(states, elements):
+    """One parameter's server state from its chunks' mirrors, as an array of
+    (state values per element, elements).
+
+    A chunk's mirror holds each state array of the chunk in turn (momentum: one;
+    Adam: mean, then variance), so its state is (values per element, chunk size)."""
+    total = sum(np.asarray(s).size for s in states)
+    per_element = total // elements if elements else 0
+    if not per_element:
+        return np.zeros((0, elements), dtype=np.float32)
+    return np.concatenate([np.asarray(s, dtype=np.float32).reshape(per_element, -1)
+                           for s in states], axis=1)
 
 
 class _UpdaterView:
@@ -260,8 +276,11 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._no_mirrors_reason = "its state is not float32 arrays"
         self._state_per_element = (mirrored or 0) // probe_size
         num_servers = int(os.environ["DMLC_NUM_SERVER"])
+        # gluon pushes only parameters with gradients: the others weigh nothing in the balance
+        moving = [index for index, param in optimizer.param_dict.items()
+                  if param.grad_req != "null"]
         self._layout = KeyLayout(shapes, num_servers, self._state_per_element,
-                                 bigarray_bound())
+                                 bigarray_bound(), moving=moving)
         self._policy.set_keys({index: int(np.prod(shape)) for index, shape in shapes.items()})
         self._adopt_optimizer(optimizer)
 
@@ -612,8 +631,10 @@ class PolicyStore(mx.kv.KVStoreBase):
                 "weights": _to_numpy(param.weights),
                 "global": param.glob.asnumpy(),
                 "server_weights": server_w.asnumpy(),
-                "server_state": [m.asnumpy()[:c.size * self._state_per_element]
-                                 for m, c in zip(mirrors, param.chunks)],
+                # (state arrays, elements): independent of how the layout cut it
+                "server_state": _join_chunk_states(
+                    [m.asnumpy()[:c.size * self._state_per_element]
+                     for m, c in zip(mirrors, param.chunks)], server_w.size),
             }
         blob = {
             "format": _STATES_FORMAT,
@@ -641,12 +662,14 @@ class PolicyStore(mx.kv.KVStoreBase):
                                "trainer.load_states initialise it)")
         with open(fname, "rb") as f:
             blob = pickle.load(f)
-        if not isinstance(blob, dict) or blob.get("format") != _STATES_FORMAT:
+        if not isinstance(blob, dict) or blob.get("format") not in (_STATES_FORMAT,
+                                                                    _STATES_FORMAT_CHUNKED):
             raise ValueError("%s is not a states file written by mxnet-cpsgd" % fname)
         if blob["algorithm"] != self.policy_class.name:
             raise ValueError("%s holds the state of kvstore '%s', not '%s'"
                              % (fname, blob["algorithm"], self.policy_class.name))
         saved = blob["params"]
+        server_states = {}
         for index, param in self._params.items():
             entry = saved.get(index)
             if entry is None or entry["weights"].shape != tuple(param.shape):
@@ -654,6 +677,15 @@ class PolicyStore(mx.kv.KVStoreBase):
                                  % (fname, index, "missing" if entry is None else
                                     "has shape %s, expected %s"
                                     % (entry["weights"].shape, tuple(param.shape))))
+            state = entry["server_state"]
+            if blob["format"] == _STATES_FORMAT_CHUNKED:
+                state = _join_chunk_states(state, int(np.prod(param.shape)))
+            if state.shape != (self._state_per_element, int(np.prod(param.shape))):
+                raise ValueError("%s holds %s server-state values for parameter %r; this "
+                                 "optimizer keeps %d per element"
+                                 % (fname, " x ".join(map(str, state.shape)), index,
+                                    self._state_per_element))
+            server_states[index] = state
         self._flush_step()
         mx.nd.waitall()
         worker_momentum.load(self._worker_momentum, blob, fname)
@@ -680,11 +712,14 @@ class PolicyStore(mx.kv.KVStoreBase):
             mx.nd.array(entry["weights"], dtype=param.weights.dtype).copyto(param.weights)
             flat_w = entry["server_weights"].reshape(-1)
             self._loaded_server_weights[index] = entry["server_weights"]
-            for chunk, state in zip(param.chunks, entry["server_state"]):
+            state = server_states[index]
+            for chunk in param.chunks:
+                chunk_state = state[:, chunk.start:chunk.stop].reshape(-1)
                 payload = np.zeros(self._mirror_size(chunk), dtype=np.float32)
                 if leader:
-                    payload[:state.size] = state
-                    payload[state.size:state.size + chunk.size] = flat_w[chunk.start:chunk.stop]
+                    payload[:chunk_state.size] = chunk_state
+                    payload[chunk_state.size:chunk_state.size + chunk.size] = \
+                        flat_w[chunk.start:chunk.stop]
                     payload[-3] = self._rounds[index]
                     payload[-2] = chunk.size
                     payload[-1] = 1.0
