@@ -16,9 +16,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
-
-pytestmark = [pytest.mark.fast]
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers",
                      "async_load_probe.py")
