@@ -56,7 +56,7 @@ def test_short_campaign_recovers_every_fault_bit_identically(tmp_path, capsys):
     out = tmp_path / "campaign"
     code = main(["--out", str(out), "--configs", "ssgd-local", "--kinds", ",".join(KINDS),
                  "--faults-per-job", "3", "--iters", "300", "--checkpoint-every", "10",
-                 "--stall-timeout", "4", "--min-delay", "1", "--max-delay", "3",
+                 "--stall-timeout", "4", "--min-delay", "0.5", "--max-delay", "1.5",
                  "--end-margin", "60"])
     printed = capsys.readouterr().out
     with open(out / fault_report.JSON) as f:
