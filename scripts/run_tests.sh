@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
 # Creates .venv, installs the project with its test extra (and the Horovod extra,
 # which must be built without build isolation), and runs the test suite.
+# Arguments go to pytest; --fast runs only the fast tier (tests/tiers.py: every test
+# module's unit tests and one real 2-worker job per transport) instead of every test.
 set -euo pipefail
+args=()
+for arg in "$@"; do
+    if [ "$arg" = --fast ]; then
+        args+=(-m fast)
+    else
+        args+=("$arg")
+    fi
+done
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m venv .venv
@@ -47,4 +57,4 @@ if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet'
     HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
         .venv/bin/pip install -q --no-build-isolation --no-cache-dir '.[horovod]'
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests ${args[@]+"${args[@]}"}

@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 
+import tiers
 from mxnet_cpsgd.launch import run_job
 from procs import kill_all, marked_processes, processes_with_env
 
@@ -34,6 +35,14 @@ TAG_VAR = "CPSGD_TEST_JOB"
 LEAN_SITE = os.path.join(TESTS_DIR, "lean_site")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (LEAN_SITE, os.environ.get("PYTHONPATH")) if p)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the fast tier listed in tests/tiers.py."""
+    for item in items:
+        function = getattr(item, "originalname", None) or item.name.partition("[")[0]
+        if tiers.is_fast(os.path.basename(str(item.fspath)), item.name, function):
+            item.add_marker(pytest.mark.fast)
 
 
 def _cmdline(pid):

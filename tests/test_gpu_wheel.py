@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from procs import repo_pythonpath
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDS = runpy.run_path(os.path.join(ROOT, "kvstore_ext", "builds.py"))
 
@@ -33,7 +35,7 @@ def test_cpu_and_gpu_requirements_never_mix():
 
 def _python(code, env_extra=None, pythonpath=()):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(list(pythonpath) + [ROOT])
+    env["PYTHONPATH"] = os.pathsep.join(list(pythonpath) + [repo_pythonpath(ROOT)])
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)

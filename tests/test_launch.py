@@ -326,6 +326,7 @@ def test_niced_launcher_lowers_its_nodes_sessions(tmp_path, mark):
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [l for l in proc.stdout.splitlines() if "autogroup" in l]
-    assert len(lines) == 2 and all(l.endswith("autogroup 7 nice 7") for l in lines), \
-        proc.stdout[-3000:]
+    nice = min(19, os.nice(0) + 7)  # the test itself may run niced
+    assert len(lines) == 2 and all(l.endswith("autogroup %d nice %d" % (nice, nice))
+                                   for l in lines), proc.stdout[-3000:]
     assert marked_processes(mark) == []

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from collections import Counter
 
+from procs import repo_pythonpath
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("mxnet_cpsgd", "kvstore_ext")
 
@@ -167,8 +169,8 @@ def test_launch_alias_is_the_launcher():
                   "assert a is b and run_job is b.run_job, (a, b)\n")
     assert out.returncode == 0, out.stderr
     out = subprocess.run([sys.executable, "-m", "mxnet_cpsgd.launch", "--help"], cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
-                         text=True, timeout=120)
+                         env=dict(os.environ, PYTHONPATH=repo_pythonpath(ROOT)),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "cpsgd-launch" in out.stdout, out.stderr
 
 

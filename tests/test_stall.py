@@ -151,30 +151,33 @@ def test_worker_that_stops_progressing_ends_the_job(tmp_path, mark):
 # Worker 0 reports a slow start, trains (steps slowing down beyond the stall
 # timeout, each at most 3 times the longest gap before), evaluates (reporting) for longer than
 # the stall timeout, then one slow evaluation batch and a slow save, then
-# exits 0; worker 1 never reports and sleeps about as long.  No store: servers
-# and scheduler only wait.
+# exits 0; worker 1 never reports and sleeps meanwhile.  No store: servers
+# and scheduler only wait.  Every silence is longer than the stall timeout T (a
+# watch without the phase's allowance would stop the job) and at least 0.25 T
+# shorter than the allowance (start, eval, save: 4 T; train: 3 x the longest gap).
 SLOW_PHASES = r"""
 import os, sys, time
 from kvstore_ext.progress import ProgressReporter
 T = float(sys.argv[1])
 reporter = ProgressReporter(min_interval=0.1)
 if os.environ["MXNET_CPSGD_WORKER_INDEX"] == "1":
-    time.sleep(9 * T)
+    time.sleep(6 * T)
     sys.exit(0)
 reporter.report("start", 0)
-time.sleep(2.5 * T)                 # a slow first step
+time.sleep(1.5 * T)                 # a slow first step
 for step in range(1, 6):
     time.sleep(0.2)
     reporter.report("train", step)
-for step, gap in ((6, 0.9), (7, 1.5), (8, 2.5)):  # steps that get slower (a slow network)
+# steps that get slower (a slow network): 0.75 T within T, then 1.5 T and 2 T
+for step, gap in ((6, 0.75), (7, 1.5), (8, 2.0)):
     time.sleep(gap * T)
     reporter.report("train", step)
-for batch in range(1, int(3 * T / 0.4)):  # a long evaluation pass, reporting
+for batch in range(1, int(1.5 * T / 0.4) + 1):  # a long evaluation pass, reporting
     time.sleep(0.4)
     reporter.report("eval", batch)
-time.sleep(2.5 * T)                 # one slow evaluation batch
+time.sleep(1.5 * T)                 # one slow evaluation batch
 reporter.report("save", 8)
-time.sleep(2.5 * T)                 # a slow checkpoint
+time.sleep(1.5 * T)                 # a slow checkpoint
 reporter.report("train", 9)
 print("done", flush=True)
 """
@@ -327,13 +330,13 @@ def test_restart_after_a_stall(tmp_path, mark):
     assert marked_processes(mark) == []
 
 
-# Reports a train step every 0.2 s for about 12 s, then exits 0.
+# Reports a train step every 0.2 s for about 9 s, then exits 0.
 STEADY = r"""
 import time
 from kvstore_ext.progress import ProgressReporter
 reporter = ProgressReporter(min_interval=0.1)
 print("reporting", flush=True)
-for step in range(60):
+for step in range(45):
     reporter.report("train", step)
     time.sleep(0.2)
 print("done", flush=True)
@@ -341,9 +344,10 @@ print("done", flush=True)
 
 
 def test_stopped_launcher_raises_no_false_alarm(tmp_path, mark):
-    """The launcher itself SIGSTOPped for 3 stall timeouts while its workers
+    """The launcher itself SIGSTOPped for 2 stall timeouts while its workers
     keep reporting: once continued, it must not take the silence it did not
-    watch for a stall (the reports wait unread in the pipes)."""
+    watch for a stall (the reports wait unread in the pipes); the workers go on
+    reporting for about 4 s after that."""
     import subprocess
     (tmp_path / "steady.py").write_text(STEADY)
     env = dict(os.environ, PYTHONPATH=repo_pythonpath(REPO), **{MARK_VAR: mark})
@@ -361,7 +365,7 @@ def test_stopped_launcher_raises_no_false_alarm(tmp_path, mark):
             time.sleep(0.1)
         time.sleep(1)
         launcher.send_signal(signal.SIGSTOP)
-        time.sleep(6)
+        time.sleep(4)
         launcher.send_signal(signal.SIGCONT)
         code = launcher.wait(120)
         reader.join(5)

@@ -186,7 +186,10 @@ class ServerOptimizer:
         num_state = mirror.size - MIRROR_TRAILER - num_weights
         if num_state:
             mirror[0:num_state] = pushed[0:num_state]
-        self._pending_weights[key] = pushed[num_state:num_state + num_weights].copy()
+        # read now, not by an engine copy: under dist_async ``pushed`` is the received
+        # message itself, freed once ``mirror`` is ready; a copy still queued then
+        # (a busy machine) read freed memory, and the garbage became the key's weights
+        self._pending_weights[key] = pushed[num_state:num_state + num_weights].asnumpy()
         count = int(round(float(trailer[0])))
         self.optimizer._index_update_count[key] = count
         self.optimizer.num_update = max(self.optimizer.num_update, count)

@@ -1,0 +1,88 @@
+"""The fast tier: ``bash scripts/run_tests.sh --fast`` (``pytest -m fast``).
+
+Chosen by hand, in one place: from every test module the tests that start no job
+(the unit tests: parsers, checks of bad input, numpy references, reports, layout,
+the server optimizer), and one real 2-worker job per transport:
+
+* parameter server: ``cpsgd`` (compressed and correction rounds, local updates,
+  server momentum) against the numpy reference;
+* Horovod: ``kvstore='horovod'`` against a 2-worker ``ssgd`` job, to the bit.
+
+tests/conftest.py marks what is listed here; tests/test_tiers.py checks that every
+name exists and that every test module is either listed or says why it has no
+fast test.  The full suite (what CI runs) is every test, whatever its tier.
+
+Entries: test module -> patterns.  A pattern matches a test by its function name
+(``fnmatch``, so ``*`` is every test of the module) or, when it holds ``[``, by its
+full name with parameters; a pattern starting with ``!`` takes tests out again.
+"""
+import fnmatch
+
+FAST = {
+    "test_bad_input.py": ["*", "!test_float16_parameters_with_cpsgd_fail_the_job_clearly"],
+    "test_bench.py": ["test_host_placement",
+                      "test_emulated_compute_releases_layers_in_reverse_order",
+                      "test_summarize_*", "test_bench_rejects_bad_time_scale",
+                      "test_plot_workers_scaling_table_and_throughput"],
+    "test_checkpoints.py": ["test_unwritable_checkpoint_dir_is_an_error_before_training"],
+    "test_compressors.py": ["test_bad_knobs_fail_before_the_first_step",
+                            "test_stores_are_registered"],
+    "test_cp_compressors.py": ["test_bad_combinations_fail_before_the_first_step"],
+    "test_data.py": ["*"],
+    "test_faults_campaign.py": ["test_plan_covers_every_kind_once_and_is_seeded"],
+    "test_gpu_wheel.py": ["*"],
+    "test_horovod.py": ["test_horovod_matches_ssgd[kvstore-same]",
+                        "test_missing_horovod_says_how_to_install",
+                        "test_import_does_not_import_horovod",
+                        "test_knob_in_environment_is_rejected"],
+    "test_key_layout.py": ["*"],
+    "test_launch.py": ["test_run_job_rejects_bad_input", "test_parse_env_*",
+                       "test_cli_rejects_bad_input"],
+    "test_layout.py": ["*"],
+    "test_netem.py": ["test_parse_spec*", "test_queue_rejects", "test_dilate_spec",
+                      "test_time_scale_rejects"],
+    "test_reference.py": ["test_reference_*", "test_staggered_*",
+                          "test_cpsgd_matches_reference[momentum-1server]"],
+    "test_report.py": ["*"],
+    "test_report_paired.py": ["*"],
+    "test_reproduce.py": ["*", "!test_tiny_grid_end_to_end",
+                          "!test_interrupted_run_resumes_from_its_checkpoint"],
+    "test_reproduce_bench.py": ["*", "!test_bench_experiment_end_to_end"],
+    "test_scripts.py": ["test_bad_args_exit_2", "test_knobs_passed_only_when_set",
+                        "test_lr_convention_sets_the_step_batch",
+                        "test_distributed_algorithm_outside_a_job",
+                        "test_missing_data_exits_1", "test_rank_path"],
+    "test_server_optimizer.py": ["*"],
+    "test_stall.py": ["test_bad_stall_and_restart_input"],
+    "test_tiers.py": ["*"],
+}
+
+#: test modules with no fast test, and why
+NO_FAST = {
+    "test_cluster.py": "every test builds emulated ssh hosts and runs jobs across them",
+    "test_compression_switch.py": "its one test is a job; the cpsgd job of the fast tier "
+                                  "flips the switch every correction round",
+    "test_equivalence.py": "every test compares real jobs",
+    "test_failures.py": "every test kills a node of a real job",
+    "test_real_models.py": "every test runs a real job",
+    "test_resume.py": "every test saves and resumes real jobs",
+    "test_security.py": "every test probes the ports of a real job",
+}
+
+
+def _matches(pattern, name, function):
+    if "[" in pattern:
+        return name == pattern
+    return fnmatch.fnmatchcase(function, pattern)
+
+
+def is_fast(module, name, function):
+    """Whether test ``name`` (function ``function``) of test module ``module`` is fast."""
+    fast = False
+    for pattern in FAST.get(module, ()):
+        if pattern.startswith("!"):
+            if _matches(pattern[1:], name, function):
+                fast = False
+        elif _matches(pattern, name, function):
+            fast = True
+    return fast
