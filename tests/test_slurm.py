@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from procs import MARK_VAR, kill_all, marked_processes, repo_pythonpath
 from slurm_hosts import EmulatedSlurm, SlurmUnavailable, check_available
-from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, _ppid, load_recording, node_pids
+from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, load_recording, node_pids
 
-from mxnet_cpsgd.cluster import slurm
+from mxnet_cpsgd.cluster import procfs, slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -170,7 +170,7 @@ def _srun_of(mark, node, role):
                 and "DMLC_ROLE=%s" % role in argv[-2]:
             found.append(pid)
     # srun forks a helper of its own: the client is the one the launcher started
-    found = [pid for pid in found if _ppid(pid) not in found]
+    found = [pid for pid in found if procfs.ppid(pid) not in found]
     assert len(found) == 1, found
     return found[0]
 
