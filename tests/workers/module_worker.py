@@ -18,7 +18,8 @@ Knobs of the store come from MXNET_CPSGD_* in the environment.  Every worker tra
 on its own slice of the first ``iterations * batch * M`` digits (rank r takes every
 M-th, starting at r).  Output ``<out>/rank<r>.npz``: ``final:<param>``; in steps and
 classic modes also ``w:<param>`` (iterations + 1, ...) and ``g:<param>`` (iterations,
-...) (gradients summed over the batch); fit mode with save_at: ``resumed:<param>``.
+...) (gradients summed over the batch); fit mode: ``initial:<param>``, and with
+save_at ``resumed:<param>``.
 ``<out>/rank<r>.json``: the parameter names (in Module order) and, in classic mode,
 the messages of the calls the store must refuse.
 """
@@ -76,6 +77,8 @@ def run_fit(spec, kv, mod, it, rank, rec):
         if spec.get("save_at") and param.nbatch + 1 == spec["save_at"]:
             mod.save_optimizer_states(saved)
 
+    for n, w in snapshot(mod).items():
+        rec["initial:" + n] = w
     # as example/image-classification's fit.py: the store created by name, passed to fit
     mod.fit(it, num_epoch=1, kvstore=kv, optimizer="sgd",
             optimizer_params=spec["optimizer"], batch_end_callback=maybe_save)
