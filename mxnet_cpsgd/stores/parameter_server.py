@@ -17,6 +17,7 @@ Per parameter the store keeps
   * ``glob``: the newest global weights the worker holds (W);
 and the worker's weights are the Trainer's own parameter arrays (L).
 """
+import atexit
 import os
 import pickle
 from typing import NamedTuple
@@ -127,6 +128,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
                    "missing " + ", ".join(missing) if missing else
                    "DMLC_ROLE=%s" % os.environ.get("DMLC_ROLE")))
         self._kv = mx.kv.create(self.policy_class.inner_kvstore)
+        atexit.register(self._release_at_exit)
 
     def _configure(self):
         """Fix the settings; compression must be on before the first key exists."""
