@@ -10,7 +10,8 @@ symbol) through MXNet's Module API, 2 workers and 1 server:
   again;
 * ``mod.init_optimizer(kvstore='cpsgd')`` (a string, one device per worker) plus
   ``forward_backward`` / ``update`` (what fit does per batch), under MXNet's
-  tools/launch.py through the mxlaunch shim, and the same with ``bitsgd``: every
+  tools/launch.py through the mxlaunch shim (the worker started by
+  ``python -m mxnet_cpsgd.run``), and the same with ``bitsgd``: every
   step's weights must follow the numpy reference (tests/reference.py) fed with
   the gradients the workers computed, past the warm-up;
 * ``kv.init`` / ``kv.push`` / ``kv.pull`` with the parameter names as keys
@@ -85,8 +86,9 @@ def _run_mxlaunch(spec, env, mark):
         prefix = " ".join("%s=%s" % kv for kv in sorted(dict(
             env, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NODE_HOST="127.0.0.1",
             OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1", PS_VERBOSE="0").items()))
-        command = "%s %s %s '%s'" % (prefix, sys.executable, WORKER,
-                                     json.dumps(dict(spec, out=out)))
+        # through the wrapper documented for MXNet's own example scripts
+        command = "%s %s -m mxnet_cpsgd.run %s '%s'" % (prefix, sys.executable, WORKER,
+                                                        json.dumps(dict(spec, out=out)))
         proc_env = dict(os.environ, **{MARK_VAR: mark})
         proc = subprocess.run([sys.executable, "-m", "mxnet_cpsgd.cluster.mxlaunch", "-n",
                                str(M), "-s", "1", "--launcher", "local", command],
@@ -180,6 +182,8 @@ def test_classic_calls_are_the_pushpull_steps(worker_job, cpsgd_steps):
     expected = {
         "pull_before_init": ["cpsgd", "pull", "before init", "kv.init"],
         "push_twice": ["cpsgd", "push", "twice before a pull", "pull the key"],
+        "push_before_set_optimizer": ["cpsgd", "push", "before set_optimizer",
+                                      "kv.set_optimizer"],
         "row_sparse_pull": ["cpsgd", "row_sparse_pull", "dist_sync"],
         "sparse_init": ["cpsgd", "init", "row_sparse", "dense"],
         "new_key_after_start": ["cpsgd", "init", "'late'", "before the first push"],

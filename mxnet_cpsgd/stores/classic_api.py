@@ -196,6 +196,10 @@ class ClassicCalls:
 
     def _ready_to_step(self, call="save_optimizer_states"):
         """Send a deferred server optimizer once every classic key is known."""
+        if self._optimizer is None:
+            raise self._refuse(call, "before set_optimizer",
+                               "the servers run the optimizer: call kv.set_optimizer(...) "
+                               "first (MXNet's dist_sync is a store that only sums pushes)")
         if not self._server_opt_deferred:
             return
         if not self._params:
@@ -256,10 +260,6 @@ class ClassicCalls:
 
     def push(self, key, value, priority=0):
         """Push a gradient (summed over a list of devices); the pull after it steps."""
-        if self._optimizer is None:
-            raise self._refuse("push", "before set_optimizer",
-                               "the servers run the optimizer: call kv.set_optimizer(...) "
-                               "first (MXNet's dist_sync is a store that only sums pushes)")
         self._ready_to_step("push")
         self._flush_step()
         for k, v in _as_pairs(key, value, "push", "value"):

@@ -128,6 +128,8 @@ def run_classic(spec, kv, mod, it, rec, meta):
         lambda: kv.pull(names[0], out=mx.nd.zeros(weights[0].shape)))}
     kv.init(names, weights)  # rank 0's weights for everybody
     kv.pull(names, out=weights)
+    meta["refused"]["push_before_set_optimizer"] = refused(
+        lambda: kv.push(names[0], grads[0]))
     opt = mx.optimizer.create("sgd", rescale_grad=1.0 / (spec["batch"] * kv.num_workers),
                               param_idx2name=dict(enumerate(names)), **spec["optimizer"])
     kv.set_optimizer(opt)
