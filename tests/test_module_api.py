@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -136,7 +137,6 @@ def cpsgd_steps(mark_module):
 
 @pytest.fixture(scope="module")
 def mark_module():
-    import uuid
     value = uuid.uuid4().hex
     yield value
     kill_marked(**{MARK_VAR: value})

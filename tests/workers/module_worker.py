@@ -94,20 +94,20 @@ def run_fit(spec, kv, mod, it, rank, rec):
             rec["resumed:" + n] = w
 
 
-def record_step(mod, rec, names, t):
+def record_weights(mod, rec, names):
     for i, n in enumerate(names):
         rec.setdefault("w:" + n, []).append(mod._exec_group.param_arrays[i][0].asnumpy())
 
 
 def run_steps(spec, mod, it, rec):
     names = mod._param_names
-    record_step(mod, rec, names, None)
+    record_weights(mod, rec, names)
     for t, batch in enumerate(batch_list(it)):
         mod.forward_backward(batch)
         for i, n in enumerate(names):
             rec.setdefault("g:" + n, []).append(mod._exec_group.grad_arrays[i][0].asnumpy())
         mod.update()
-        record_step(mod, rec, names, None)
+        record_weights(mod, rec, names)
     for n in names:
         rec["final:" + n] = rec["w:" + n][-1]
 
