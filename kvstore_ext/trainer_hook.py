@@ -1,11 +1,13 @@
-"""Make ``gluon.Trainer(..., kvstore='<name>')`` use this project's stores.
+"""Make ``gluon.Trainer(..., kvstore='<name>')`` and ``Module.fit(kvstore='<name>')``
+use this project's stores.
 
-MXNet 1.9.1's ``gluon.Trainer`` builds its store through
+MXNet 1.9.1's ``gluon.Trainer`` and Module API build their store through
 ``mxnet.model._create_kvstore``, which silently returns *no store at all* when a
 worker has one device and the name lacks the substring ``"dist"``.  A user who
 asks for ``kvstore='cpsgd'`` on a one-GPU (or CPU) worker would then train
-alone without a word.  This module wraps the function that ``gluon.trainer``
-imported so that names in ``names`` always create the registered store, and a
+alone without a word.  This module wraps the function that ``gluon.trainer``,
+``module.module`` and ``model`` (``FeedForward``) hold so that names in
+``names`` always create the registered store, and a
 name that is neither registered nor one of MXNet's own store types raises
 instead of silently training without a store (MXNet's native code takes any
 unknown name for a local store); every other name goes to MXNet's original code
@@ -14,7 +16,9 @@ unchanged.
 import os
 
 import mxnet as mx
+from mxnet import model as _model
 from mxnet.gluon import trainer as _trainer
+from mxnet.module import module as _module
 
 _MARKER = "_mxnet_cpsgd_names"
 
@@ -54,7 +58,12 @@ def install(names):
     Args:
         names: iterable of registered store names (lower case).
     """
-    current = _trainer._create_kvstore
+    for module in (_trainer, _module, _model):
+        _wrap(module, names)
+
+
+def _wrap(module, names):
+    current = module._create_kvstore
     routed = getattr(current, _MARKER, None)
     if routed is not None:
         routed.update(n.lower() for n in names)
@@ -73,4 +82,4 @@ def install(names):
 
     setattr(_create_kvstore, _MARKER, routed)
     _create_kvstore.__wrapped__ = original
-    _trainer._create_kvstore = _create_kvstore
+    module._create_kvstore = _create_kvstore

@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own layer and the ones it lists):
     mxnet_cpsgd.stores                the stores; kvstore_ext only
     mxnet_cpsgd.cluster               starting jobs, emulating networks; kvstore_ext only
                                       (the workers' exit-on-error hook lives there)
-    mxnet_cpsgd (__init__)            the public API; registers the stores
+    mxnet_cpsgd (__init__), .run      the public API; registers the stores
     mxnet_cpsgd.training              the scripts' loop, data, models; stores, API
     mxnet_cpsgd.bench, .repro         tooling on top; everything below, not each other
     mxnet_cpsgd.launch                alias of cluster.launch
@@ -58,6 +58,8 @@ def layer_of(module):
         return "api"
     if parts[1] == "launch":
         return "alias"
+    if parts[1] == "run":  # `python -m mxnet_cpsgd.run SCRIPT`: the API around a script
+        return "api"
     if parts[1] in SUBPACKAGES:
         return parts[1]
     return "unknown:" + parts[1]

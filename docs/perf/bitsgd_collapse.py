@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import numpy as np  # noqa: E402
 from mxnet import gluon  # noqa: E402
 # asnumpy retried once MKL-DNN's layout made it fail: the store's own helper
-from mxnet_cpsgd.stores.parameter_server import _to_numpy  # noqa: E402
+from mxnet_cpsgd.stores.state_files import to_numpy as _to_numpy  # noqa: E402
 
 
 def _pop_flag(argv, flag, default=None):

@@ -24,9 +24,12 @@ What it changes, and nothing else:
   set already), which Open MPI's mpirun needs to start as root for
   ``--launcher mpi``.
 
-tools/launch.py still does not watch its nodes: a node that dies leaves the
-others waiting until someone kills them (``cpsgd-launch -H`` does; see
-docs/launcher.md).
+* the nodes are watched (:mod:`.mxlaunch_watch`): when any node exits with a
+  non-zero status the shim prints one line naming it, stops every other node
+  it started (SIGTERM, SIGKILL after a grace of a few seconds) and exits with
+  status 1.  tools/launch.py alone keeps waiting for the others.  Over ssh it
+  stops the ssh clients, not the remote nodes (``cpsgd-launch -H`` does; see
+  docs/launcher.md).
 """
 import importlib.util
 import os
@@ -34,6 +37,8 @@ import runpy
 import sys
 import threading
 from typing import List, Optional, Sequence, Tuple
+
+from mxnet_cpsgd.cluster import mxlaunch_watch
 
 
 def tools_launch_path() -> str:
@@ -63,6 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not hasattr(threading.Thread, "isAlive"):
         threading.Thread.isAlive = threading.Thread.is_alive
     path = tools_launch_path()
+    mxlaunch_watch.install()
     # launch.py appends its repository's tracker path; the wheel ships the
     # package as top-level dmlc_tracker, importable as is
     if host_ip is not None:

@@ -35,6 +35,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+import mxnet as mx
+
 from .server_optimizer import MIRROR_TRAILER
 
 # MXNet computes key * 9973 in a 32-bit int to pick a server
@@ -73,11 +75,7 @@ class KeyLayout:
     def __init__(self, shapes: Dict[int, Tuple[int, ...]], num_servers: int,
                  state_per_element: float, bound: int,
                  moving: Optional[Iterable[int]] = None):
-        # largest chunk whose weight and whose mirror (state + weights) stay below the bound
-        limit = int((bound - 1 - MIRROR_TRAILER) / (1.0 + state_per_element))
-        if limit < 1:
-            raise ValueError("MXNET_KVSTORE_BIGARRAY_BOUND=%d is too small" % bound)
-        self.limit = limit
+        self.limit = limit = chunk_limit(bound, state_per_element)
         self.shapes = dict(shapes)
         self.moving = frozenset(shapes if moving is None else moving)
         self.chunks: Dict[int, List[Chunk]] = {}
@@ -122,6 +120,88 @@ class KeyLayout:
                 for c in chunks:
                     load[server_of(c.key, num_servers)] += c.size
         return load
+
+
+class GrowingKeyLayout:
+    """Chunks and mirror keys for parameters that arrive one at a time.
+
+    The classic ``init`` calls and the Module API name their parameters one by one,
+    so the keys cannot be balanced over the servers in advance: chunk keys are
+    handed out in arrival order (MXNet's hash spreads consecutive keys over the
+    servers), and the mirrors start at a fixed base in the upper half of the key
+    space.  Every worker adds the same parameters in the same order, so every
+    worker derives the same keys.  Same attributes as :class:`KeyLayout`.
+    """
+
+    def __init__(self, num_servers: int, state_per_element: float, bound: int):
+        self.limit = chunk_limit(bound, state_per_element)
+        self.state_per_element = state_per_element
+        self.shapes: Dict[int, Tuple[int, ...]] = {}
+        self.chunks: Dict[int, List[Chunk]] = {}
+        self.mirror_base = (_MAX_KEY // 2 // num_servers) * num_servers
+        self._next_key = 0
+
+    def add(self, index: int, shape: Tuple[int, ...]):
+        size = _numel(shape)
+        bounds = list(range(0, size, self.limit)) + [size]
+        spans = list(zip(bounds[:-1], bounds[1:])) or [(0, 0)]
+        if self._next_key + len(spans) > self.mirror_base:
+            raise ValueError("too many parameter chunks for MXNet's key space")
+        chunks = []
+        for start, stop in spans:
+            chunks.append(Chunk(self._next_key, start, stop))
+            self._next_key += 1
+        self.shapes[index] = tuple(shape)
+        self.chunks[index] = chunks
+
+    def is_chunked(self, index):
+        return len(self.chunks[index]) > 1
+
+
+def chunk_limit(bound, state_per_element):
+    """Largest chunk whose weights and whose mirror (state + weights) stay below
+    MXNet's big-array bound."""
+    limit = int((bound - 1 - MIRROR_TRAILER) / (1.0 + state_per_element))
+    if limit < 1:
+        raise ValueError("MXNET_KVSTORE_BIGARRAY_BOUND=%d is too small" % bound)
+    return limit
+
+
+class ParamBuffers:
+    """A parameter's buffers in a store, and its chunks' views of them."""
+
+    def __init__(self, index, value, chunks):
+        self.index = index
+        self.shape = value.shape
+        self.chunks = chunks
+        ctx = value.context
+        self.send = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
+        self.glob = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
+
+    @property
+    def chunked(self):
+        return len(self.chunks) > 1
+
+    def parts(self, array):
+        """(key, view) for each chunk of ``array`` (the array itself when unchunked)."""
+        if not self.chunked:
+            return [(self.chunks[0].key, array)]
+        flat = array.reshape(-1)
+        return [(c.key, flat[c.start:c.stop]) for c in self.chunks]
+
+    def pull_targets(self, targets):
+        """Split ``targets`` into (arrays MXNet pulls into, arrays copied from glob after).
+
+        A chunked parameter is pulled into views of ``glob`` only and then
+        copied whole into the worker's weights: after an inference forward,
+        MKL-DNN holds the weights in its own layout and MXNet aborts when an
+        operation writes a view of such an array ("Check failed: !is_view").
+        ``glob`` never enters a forward pass, so its views are safe.
+        """
+        if not self.chunked or not targets:
+            return targets, []
+        assert targets[0] is self.glob, "a chunked pull must land in glob first"
+        return targets[:1], targets[1:]
 
 
 def server_of(key: int, num_servers: int) -> int:

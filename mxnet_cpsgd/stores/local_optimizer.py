@@ -73,6 +73,11 @@ class LocalOptimizer:
             local = mx.optimizer.create(name, learning_rate=base_lr,
                                         multi_precision=optimizer.multi_precision)
         local.param_dict = optimizer.param_dict
+        if name is not None:
+            # the Module API's optimizers give multipliers by index or name, not param_dict
+            local.idx2name = dict(optimizer.idx2name)
+            local.lr_mult = dict(optimizer.lr_mult)
+            local.wd_mult = dict(optimizer.wd_mult)
         local.lr_scheduler = None
         if wd is not None:
             local.wd = float(wd)

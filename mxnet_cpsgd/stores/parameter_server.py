@@ -2,7 +2,9 @@
 
 ``gluon.Trainer`` talks to it through MXNet's ``KVStoreBase`` interface
 (``set_gradient_compression``, ``set_optimizer``, ``broadcast``, ``pushpull``,
-``save/load_optimizer_states``).  Underneath sits one ordinary MXNet
+``save/load_optimizer_states``); the Module API and hand-written loops use the
+classic calls (``init``, ``push``, ``pull``, str keys: :mod:`.classic_api`),
+which run the same steps.  Underneath sits one ordinary MXNet
 ``dist_sync``/``dist_async`` store with stock servers; the policy decides, per
 iteration, what is pushed, when weights are pulled, and how the worker's own
 weights move.  Everything it issues is an asynchronous MXNet engine operation:
@@ -15,6 +17,7 @@ Per parameter the store keeps
   * ``glob``: the newest global weights the worker holds (W);
 and the worker's weights are the Trainer's own parameter arrays (L).
 """
+import atexit
 import os
 import pickle
 from typing import NamedTuple
@@ -26,101 +29,25 @@ from kvstore_ext import CompressionSwitch
 
 from . import config as config_mod
 from . import worker_momentum
-from .key_layout import KeyLayout, bigarray_bound
+from .classic_api import ClassicCalls
+from .key_layout import KeyLayout, ParamBuffers, bigarray_bound
 from .local_optimizer import LocalOptimizer
 from .policies.base import Local, Payload, Pull, Push
-from .server_optimizer import MIRROR_TRAILER, ServerOptimizer, state_size
+from .server_optimizer import ServerOptimizer, state_size
+from .state_files import StateFiles
 
 _REQUIRED_ENV = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                  "DMLC_NUM_WORKER")
-_STATES_FORMAT = "mxnet-cpsgd-states-2"
-#: the first format kept the servers' state per chunk of the layout that saved it
-_STATES_FORMAT_CHUNKED = "mxnet-cpsgd-states-1"
-
-
-class _Param:
-    """Buffers of one parameter (Trainer index)."""
-
-    def __init__(self, index, value, chunks):
-        self.index = index
-        self.shape = value.shape
-        self.chunks = chunks
-        ctx = value.context
-        self.send = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
-        self.glob = mx.nd.zeros(value.shape, ctx=ctx, dtype=value.dtype)
-
-    @property
-    def chunked(self):
-        return len(self.chunks) > 1
-
-    def parts(self, array):
-        """(key, view) for each chunk of ``array`` (the array itself when unchunked)."""
-        if not self.chunked:
-            return [(self.chunks[0].key, array)]
-        flat = array.reshape(-1)
-        return [(c.key, flat[c.start:c.stop]) for c in self.chunks]
-
-    def pull_targets(self, targets):
-        """Split ``targets`` into (arrays MXNet pulls into, arrays copied from glob after).
-
-        A chunked parameter is pulled into views of ``glob`` only and then
-        copied whole into the worker's weights: after an inference forward,
-        MKL-DNN holds the weights in its own layout and MXNet aborts when an
-        operation writes a view of such an array ("Check failed: !is_view").
-        ``glob`` never enters a forward pass, so its views are safe.
-        """
-        if not self.chunked or not targets:
-            return targets, []
-        assert targets[0] is self.glob, "a chunked pull must land in glob first"
-        return targets[:1], targets[1:]
 
 
 class _StepItem(NamedTuple):
     """One parameter's share of an open step, as gluon handed it to pushpull."""
     key: int
-    param: _Param
+    param: ParamBuffers
     grads: list      # the gradient on each device
     outs: list       # the weights on each device (outs[0] is the worker's L)
     priority: int
     plan: object     # the policy's StepPlan for this iteration
-
-
-def _to_numpy(array, tries=3):
-    """``array.asnumpy()``, tried again when MKL-DNN's layout makes it fail.
-
-    Seen in 2-worker jobs with MXNet 1.9.1: the first read of a weight that
-    forward passes left in MKL-DNN's layout sometimes fails with "We can't
-    generate TBlob for MKLDNN data"; the failed read leaves the array in the
-    default layout and the next read returns the right values.
-    """
-    for attempt in range(tries):
-        try:
-            return array.asnumpy()
-        except mx.base.MXNetError as err:
-            if "MKLDNN" not in str(err) or attempt == tries - 1:
-                raise
-            mx.nd.waitall()
-
-
-def _describe_keys(keys):
-    keys = sorted(keys)
-    if keys == list(range(len(keys))):
-        return "0..%d" % (len(keys) - 1) if keys else "none"
-    return ", ".join(map(repr, keys))
-
-
-def _join_chunk_states(states, elements):
-    """One parameter's server state from its chunks' mirrors, as an array of
-    (state values per element, elements).
-
-    A chunk's mirror holds each state array of the chunk in turn (momentum: one;
-    Adam: mean, then variance), so its state is (values per element, chunk size)."""
-    total = sum(np.asarray(s).size for s in states)
-    per_element = total // elements if elements else 0
-    if not per_element:
-        return np.zeros((0, elements), dtype=np.float32)
-    return np.concatenate([np.asarray(s, dtype=np.float32).reshape(per_element, -1)
-                           for s in states], axis=1)
 
 
 class _UpdaterView:
@@ -130,7 +57,7 @@ class _UpdaterView:
         self.optimizer = optimizer
 
 
-class PolicyStore(mx.kv.KVStoreBase):
+class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
     """Base class of the registered stores; a subclass names its policy.
 
     Args:
@@ -164,6 +91,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         self._pending = {}                # key -> recorded pushpull of the open step
         self._step_left = set()           # trainable keys the open step still waits for
         self._checked = set()             # keys whose gradient arrays were checked
+        self._classic_setup()
 
     # ------------------------------------------------------------------ setup
     def _resolve(self, params):
@@ -202,6 +130,7 @@ class PolicyStore(mx.kv.KVStoreBase):
                    "missing " + ", ".join(missing) if missing else
                    "DMLC_ROLE=%s" % os.environ.get("DMLC_ROLE")))
         self._kv = mx.kv.create(self.policy_class.inner_kvstore)
+        atexit.register(self._release_at_exit)
 
     def _configure(self):
         """Fix the settings; compression must be on before the first key exists."""
@@ -215,27 +144,6 @@ class PolicyStore(mx.kv.KVStoreBase):
             switch.enable(self._config.threshold)
             self._switch = switch
 
-    # -------------------------------------------------------------- identity
-    @property
-    def type(self):
-        # gluon.Trainer treats stores whose type contains 'dist' as distributed
-        inner = self.policy_class.inner_kvstore
-        return "%s_%s" % (inner, self.policy_class.name)
-
-    @property
-    def rank(self):
-        self._start()
-        return self._kv.rank
-
-    @property
-    def num_workers(self):
-        self._start()
-        return self._kv.num_workers
-
-    @staticmethod
-    def is_capable(capability):
-        return capability.lower() == mx.kv.KVStoreBase.OPTIMIZER
-
     # ------------------------------------------------------------- optimizer
     def set_optimizer(self, optimizer):
         """Send the algorithm's server optimizer to the servers and set up Opt_l.
@@ -246,7 +154,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         the shape it had, and the new Trainer's parameters receive the current
         global weights at its broadcast.
         """
-        if self.policy_class.uses_compression:
+        if self.policy_class.uses_compression:  # (classic keys: checked at init)
             # fail before joining the job: MXNet quantizes float32 only
             for index, param in optimizer.param_dict.items():
                 if np.dtype(param.dtype) != np.float32:
@@ -256,6 +164,14 @@ class PolicyStore(mx.kv.KVStoreBase):
                         "kvstore='odsgd'/'ssgd')" % (self.policy_class.name, param.name,
                                                      np.dtype(param.dtype).name))
         self._configure()
+        server_opt = self._server_optimizer(optimizer)
+        probe_size = 8
+        probe = server_opt.create_state_multi_precision(
+            0, mx.nd.zeros((probe_size,), dtype=np.float32))
+        mirrored = state_size(probe)
+        if self._classic or not optimizer.param_dict:
+            self._set_classic_optimizer(optimizer, mirrored, probe_size)
+            return
         shapes = {}
         for index, param in optimizer.param_dict.items():
             shape = param.shape
@@ -263,11 +179,6 @@ class PolicyStore(mx.kv.KVStoreBase):
                 raise ValueError("parameter %s has no known shape; run a forward pass "
                                  "before the first trainer.step()" % param.name)
             shapes[index] = tuple(shape)
-        server_opt = self._server_optimizer(optimizer)
-        probe_size = 8
-        probe = server_opt.create_state_multi_precision(
-            0, mx.nd.zeros((probe_size,), dtype=np.float32))
-        mirrored = state_size(probe)
         if self._params:
             self._reuse(optimizer, shapes, mirrored is not None,
                         (mirrored or 0) // probe_size)
@@ -321,37 +232,30 @@ class PolicyStore(mx.kv.KVStoreBase):
         return server_opt
 
     def _adopt_optimizer(self, optimizer):
-        """Make ``optimizer`` the Trainer-side optimizer; send the servers theirs."""
-        server_opt = self._server_optimizer(optimizer)
-        # an optimizer of the policy's own (model averaging) ignores the multipliers
-        use_mults = server_opt.__dict__.pop("lr_mult_source")
-        lr_mult, wd_mult = {}, {}
-        for index, chunks in self._layout.chunks.items():
-            param = optimizer.param_dict[index]
-            for chunk in chunks:
-                lr_mult[chunk.key] = param.lr_mult if use_mults else 1.0
-                wd_mult[chunk.key] = param.wd_mult if use_mults else 1.0
-        self._kv.set_optimizer(ServerOptimizer(server_opt, lr_mult, wd_mult,
-                                               self._layout.mirror_base))
+        """Make ``optimizer`` the Trainer-side optimizer; send the servers theirs
+        (classic keys: at the first step, see ClassicCalls._ready_to_step)."""
         self._optimizer = optimizer
         self._updater = _UpdaterView(optimizer)
         if self._policy.uses_local_optimizer:
             self._local = LocalOptimizer(
                 optimizer, self._kv.num_workers,
                 **self._policy.local_settings(self._kv.num_workers))
+        if not self._server_opt_deferred:
+            self._send_server_optimizer()
+
+    def _send_server_optimizer(self):
+        server_opt = self._server_optimizer(self._optimizer)
+        # an optimizer of the policy's own (model averaging) ignores the multipliers
+        use_mults = server_opt.__dict__.pop("lr_mult_source")
+        lr_mult, wd_mult = {}, {}
+        for index, chunks in self._layout.chunks.items():
+            lr, wd = self._multipliers(self._optimizer, index) if use_mults else (1.0, 1.0)
+            for chunk in chunks:
+                lr_mult[chunk.key], wd_mult[chunk.key] = lr, wd
+        self._kv.set_optimizer(ServerOptimizer(server_opt, lr_mult, wd_mult,
+                                               self._layout.mirror_base))
 
     # ------------------------------------------------------------- broadcast
-    def _check_array(self, key, array):
-        if array.stype != "default":
-            raise ValueError("kvstore '%s' supports dense parameters and gradients only; "
-                             "parameter %r is %s" % (self.policy_class.name, key, array.stype))
-        if self._policy is not None and self._policy.uses_compression \
-                and np.dtype(array.dtype) != np.float32:
-            raise ValueError("kvstore '%s' compresses gradients, which MXNet supports for "
-                             "float32 only; parameter %r is %s (use float32 parameters or "
-                             "kvstore='odsgd'/'ssgd')"
-                             % (self.policy_class.name, key, np.dtype(array.dtype).name))
-
     def broadcast(self, key, value, out, priority=0):
         """Initialise ``key`` on the servers from rank 0's value and pull it into ``out``."""
         if self._optimizer is None:
@@ -366,53 +270,36 @@ class PolicyStore(mx.kv.KVStoreBase):
             for k, v, o in zip(keys, values, outs):
                 self.broadcast(k, v, o, priority)
             return
-        key, value = keys[0], values[0]
-        self._check_array(key, value)
-        for o in outs:
-            self._check_array(key, o)
-        if key not in self._layout.chunks:
-            raise ValueError(
-                "kvstore '%s' has no parameter %r: its keys are the indices of the "
-                "optimizer's param_dict, %s (gluon.Trainer numbers its parameters 0..N-1)"
-                % (self.policy_class.name, key, _describe_keys(self._layout.chunks)))
-        if tuple(value.shape) != self._layout.shapes[key]:
-            raise ValueError("parameter %r has shape %s, but the optimizer's param_dict "
-                             "says %s" % (key, value.shape, self._layout.shapes[key]))
-        param = self._params.get(key)
+        self._init_key(keys[0], values[0], outs, priority, "broadcast")
+
+    def _init_key(self, key, value, outs, priority, call):
+        """Initialise a key on the servers (rank 0's value) and pull it into ``outs``
+        and the worker's weights (``outs[0]``; an array of the store's after init)."""
+        index = self._register(key, value, outs, call)
+        param = self._params.get(index)
         if param is None:
-            param = _Param(key, value, self._layout.chunks[key])
+            param = ParamBuffers(index, value, self._layout.chunks[index])
             parts = param.parts(value)
             self._kv.init([k for k, _ in parts], [v for _, v in parts])
-            if self._mirrors:
+            if self._mirrors and not self._classic:  # classic: at the first step
                 self._register_mirrors(param)
         else:
             # initialised by an earlier Trainer: the servers' weights stay, the new
             # Trainer's arrays receive them (its values are not sent anywhere)
             self._flush_step()
             param.glob.wait_to_read()
+        if not outs:
+            outs = [mx.nd.zeros(value.shape, ctx=value.context, dtype=value.dtype)]
         param.weights = outs[0]  # the worker's weights L (restored by load_states)
         self._pull(param, [param.glob] + outs, priority)
         # a later push must not overtake this pull (MXNet orders them per array only)
         for o in outs:
             o.wait_to_read()
         param.glob.wait_to_read()
-        if key not in self._params:
-            self._params[key] = param
-            self._steps[key] = 0
-            self._rounds[key] = 0
-
-    def _mirror_size(self, chunk):
-        # [state, weights, trailer]: see server_optimizer
-        return chunk.size * (self._state_per_element + 1) + MIRROR_TRAILER
-
-    def _register_mirrors(self, param, init=True):
-        base = self._layout.mirror_base
-        keys = [base + c.key for c in param.chunks]
-        zeros = [mx.nd.zeros((self._mirror_size(c),)) for c in param.chunks]
-        if init:
-            self._kv.init(keys, zeros)
-        self._dense_push(keys, zeros)
-        mx.nd.waitall()
+        if index not in self._params:
+            self._params[index] = param
+            self._steps[index] = 0
+            self._rounds[index] = 0
 
     def _dense_push(self, keys, values, priority=0):
         if self._switch is not None:
@@ -457,17 +344,19 @@ class PolicyStore(mx.kv.KVStoreBase):
         if out is None:
             raise RuntimeError(
                 "kvstore '%s' needs update_on_kvstore=True: pushpull without out= "
-                "(gradient all-reduce) is not supported" % self.policy_class.name)
+                "(gradient all-reduce) is not supported (do not pass update_on_kvstore="
+                "False or set MXNET_UPDATE_ON_KVSTORE=0)" % self.policy_class.name)
+        self._ready_to_step("pushpull")
         if isinstance(key, (list, tuple)):
             if not (len(key) == len(value) == len(out)):
                 raise ValueError("pushpull got %d keys, %d values and %d outputs"
                                  % (len(key), len(value), len(out)))
             self._flush_step()
             for k, v, o in zip(key, value, out):
-                self._record(k, v, o, priority)
+                self._record(self._index_of(k, "pushpull"), v, o, priority)
             self._flush_step()
             return
-        self._record(key, value, out, priority)
+        self._record(self._index_of(key, "pushpull"), value, out, priority)
         if not self._step_left:
             self._flush_step()
 
@@ -480,16 +369,18 @@ class PolicyStore(mx.kv.KVStoreBase):
         if key not in self._checked:
             # gradient arrays are fixed after the first step: check them once
             for g in grads:
-                self._check_array(key, g)
+                self._check_array(key, g, "pushpull")
             self._checked.add(key)
+        if key in self._pushed:
+            raise self._refuse("pushpull", "of key %r, which was pushed but not pulled"
+                               % (key,), "pull it first")
         if key in self._pending:
             self._flush_step()  # a new step began before the last one was complete
         if not self._pending:
-            # read at every step: a user may freeze (grad_req='null') parameters later
-            self._step_left = {i for i, p in self._optimizer.param_dict.items()
-                               if p.grad_req != "null" and i in self._params}
+            self._step_left = self._keys_of_step(key)
         self._pending[key] = _StepItem(key, param, grads, outs, priority,
                                        self._policy.plan(self._steps[key], key))
+        self._step_keys.add(key)
         self._step_left.discard(key)
 
     def _flush_step(self):
@@ -561,7 +452,7 @@ class PolicyStore(mx.kv.KVStoreBase):
         ``send`` and receive the weights in the same round trip, ``pushpull``).
 
         ``targets`` starts with ``param.glob`` whenever it holds more than one
-        array; see :meth:`_Param.pull_targets` for chunked parameters.
+        array; see :meth:`ParamBuffers.pull_targets` for chunked parameters.
         """
         direct, copies = param.pull_targets(targets)
         per_chunk = [[view for _, view in parts] for parts in
@@ -591,139 +482,3 @@ class PolicyStore(mx.kv.KVStoreBase):
                 outs[0].copyto(other)
             if plan.payload is Payload.MODEL_DELTA:
                 mx.nd.elemwise_sub(param.glob, outs[0], out=param.send)
-
-    # ----------------------------------------------------------- save / load
-    def save_optimizer_states(self, fname, dump_optimizer=False):
-        """Write this worker's resumable state to ``fname`` (any worker, any time).
-
-        Saved: per-parameter iteration and round counters, this worker's
-        weights (local-update algorithms keep different weights per worker),
-        the newest global weights it holds, the local optimizer's state, and
-        the servers' weights and optimizer state (read back from the servers).
-        Not saved: MXNet's 2-bit residual, which MXNet keeps out of reach; a
-        resumed run starts it from zero.
-        """
-        if self._optimizer is None:
-            raise RuntimeError("nothing to save before the first trainer.step()")
-        self._flush_step()
-        if not self._mirrors:
-            raise RuntimeError(
-                "kvstore '%s' cannot save the servers' optimizer state of %s: %s"
-                % (self.policy_class.name, type(self._optimizer).__name__,
-                   self._no_mirrors_reason))
-        mx.nd.waitall()  # every issued round is complete on the servers
-        base = self._layout.mirror_base
-        params = {}
-        for index, param in self._params.items():
-            server_w = mx.nd.zeros(param.shape, ctx=param.glob.context, dtype=param.glob.dtype)
-            mirrors = []
-            if index in self._loaded_server_weights:
-                # loaded but not applied yet: the servers apply it at their next update
-                server_w[:] = self._loaded_server_weights[index]
-            else:
-                for (k, part) in param.parts(server_w):
-                    self._kv.pull(k, out=part)
-            for chunk in param.chunks:
-                buf = mx.nd.zeros((self._mirror_size(chunk),))
-                self._kv.pull(base + chunk.key, out=buf)
-                mirrors.append(buf)
-            params[index] = {
-                "weights": _to_numpy(param.weights),
-                "global": param.glob.asnumpy(),
-                "server_weights": server_w.asnumpy(),
-                # (state arrays, elements): independent of how the layout cut it
-                "server_state": _join_chunk_states(
-                    [m.asnumpy()[:c.size * self._state_per_element]
-                     for m, c in zip(mirrors, param.chunks)], server_w.size),
-            }
-        blob = {
-            "format": _STATES_FORMAT,
-            "algorithm": self.policy_class.name,
-            "steps": dict(self._steps),
-            "rounds": dict(self._rounds),
-            "params": params,
-            "local": self._local.get_states() if self._local is not None else None,
-            "worker_momentum": worker_momentum.save(self._worker_momentum),
-            "optimizer": self._optimizer if dump_optimizer else None,
-        }
-        with open(fname, "wb") as f:
-            pickle.dump(blob, f)
-
-    def load_optimizer_states(self, fname):
-        """Restore a file written by :meth:`save_optimizer_states`.
-
-        Collective: every worker must call it (gluon's ``trainer.load_states``)
-        with its own file.  Restores this worker's weights and counters and
-        local optimizer state; rank 0's file provides the servers' weights and
-        optimizer state, which the servers apply just before their next update.
-        """
-        if self._optimizer is None:
-            raise RuntimeError("load_states needs the store initialised (trainer.step or "
-                               "trainer.load_states initialise it)")
-        with open(fname, "rb") as f:
-            blob = pickle.load(f)
-        if not isinstance(blob, dict) or blob.get("format") not in (_STATES_FORMAT,
-                                                                    _STATES_FORMAT_CHUNKED):
-            raise ValueError("%s is not a states file written by mxnet-cpsgd" % fname)
-        if blob["algorithm"] != self.policy_class.name:
-            raise ValueError("%s holds the state of kvstore '%s', not '%s'"
-                             % (fname, blob["algorithm"], self.policy_class.name))
-        saved = blob["params"]
-        server_states = {}
-        for index, param in self._params.items():
-            entry = saved.get(index)
-            if entry is None or entry["weights"].shape != tuple(param.shape):
-                raise ValueError("%s does not match this model: parameter %r %s"
-                                 % (fname, index, "missing" if entry is None else
-                                    "has shape %s, expected %s"
-                                    % (entry["weights"].shape, tuple(param.shape))))
-            state = entry["server_state"]
-            if blob["format"] == _STATES_FORMAT_CHUNKED:
-                state = _join_chunk_states(state, int(np.prod(param.shape)))
-            if state.shape != (self._state_per_element, int(np.prod(param.shape))):
-                raise ValueError("%s holds %s server-state values for parameter %r; this "
-                                 "optimizer keeps %d per element"
-                                 % (fname, " x ".join(map(str, state.shape)), index,
-                                    self._state_per_element))
-            server_states[index] = state
-        self._flush_step()
-        mx.nd.waitall()
-        worker_momentum.load(self._worker_momentum, blob, fname)
-        if blob["optimizer"] is not None:
-            # like MXNet's own Trainer.load_states: continue with the saved optimizer
-            # (its rescale_grad and counters); the servers get a fresh copy, and a new
-            # server optimizer needs its state mirrors registered again
-            loaded = blob["optimizer"]
-            loaded.param_dict = self._optimizer.param_dict
-            self._adopt_optimizer(loaded)
-            for param in self._params.values():
-                self._register_mirrors(param, init=False)
-        self._steps = dict(blob["steps"])
-        self._rounds = dict(blob["rounds"])
-        if self._local is not None and blob["local"] is not None:
-            self._local.set_states(blob["local"])
-        leader = self._kv.rank == 0
-        base = self._layout.mirror_base
-        keys, values = [], []
-        for index, param in sorted(self._params.items()):
-            entry = saved[index]
-            param.glob[:] = entry["global"]
-            # a whole-array copy: MXNet cannot write numpy into MKL-DNN-layout arrays
-            mx.nd.array(entry["weights"], dtype=param.weights.dtype).copyto(param.weights)
-            flat_w = entry["server_weights"].reshape(-1)
-            self._loaded_server_weights[index] = entry["server_weights"]
-            state = server_states[index]
-            for chunk in param.chunks:
-                chunk_state = state[:, chunk.start:chunk.stop].reshape(-1)
-                payload = np.zeros(self._mirror_size(chunk), dtype=np.float32)
-                if leader:
-                    payload[:chunk_state.size] = chunk_state
-                    payload[chunk_state.size:chunk_state.size + chunk.size] = \
-                        flat_w[chunk.start:chunk.stop]
-                    payload[-3] = self._rounds[index]
-                    payload[-2] = chunk.size
-                    payload[-1] = 1.0
-                keys.append(base + chunk.key)
-                values.append(mx.nd.array(payload))
-        self._dense_push(keys, values)
-        mx.nd.waitall()

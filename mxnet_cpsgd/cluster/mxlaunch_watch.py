@@ -1,0 +1,143 @@
+"""The mxlaunch shim's node watcher: a node that fails ends the whole job.
+
+MXNet's ``tools/launch.py`` hands every node to ``dmlc_tracker``, which runs it
+in a thread with ``subprocess.call`` (local launcher) or ``check_call`` (ssh
+launcher, and the scheduler) and never looks at the others: when a worker
+raises, its thread ends with an exception while the scheduler, the servers and
+the other workers wait for it forever.  :func:`install` gives those tracker
+modules a ``subprocess`` of their own whose ``call`` / ``check_call`` start the
+node in its own process group and report how it ended.  The first node that
+exits non-zero makes the watcher print one line naming it, stop every other
+node it started (SIGTERM to each process group, SIGKILL after
+``TERM_GRACE_S``, as cpsgd-launch does) and end the launcher with exit status 1.
+
+Over ssh the processes started here are the ssh clients (and the scheduler);
+ending a client does not end its remote node, which cpsgd-launch -H does.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
+from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S
+
+_ROLE = re.compile(r"DMLC_ROLE=['\"]?(\w+)")
+_TASK = re.compile(r"DMLC_TASK_ID=['\"]?(\d+)")
+
+
+class NodeWatch:
+    """The processes of one launch and the teardown when one of them fails."""
+
+    def __init__(self, exit=os._exit, out=None):
+        self._exit = exit
+        self._out = out if out is not None else sys.stderr
+        self._lock = threading.Lock()
+        self._procs = {}        # pid -> (Popen, label)
+        self._stopping = False
+
+    def run(self, args, env=None, **kwargs):
+        """Start one node, wait for it, and return its exit status."""
+        label = _label(args, env)
+        with self._lock:
+            if self._stopping:
+                return 1  # the job is being stopped: start nothing more
+            proc = subprocess.Popen(args, env=env, start_new_session=True, **kwargs)
+            self._procs[proc.pid] = (proc, label)
+        code = proc.wait()
+        with self._lock:
+            self._procs.pop(proc.pid, None)
+            stopping, failed = self._stopping, code != 0 and not self._stopping
+            if failed:
+                self._stopping = True
+        if failed:
+            self._stop(label, code)
+        if stopping:
+            # stopped by the teardown: dmlc_tracker would print a traceback with the
+            # whole environment; the launcher exits from the teardown instead
+            threading.Event().wait()
+        return code
+
+    def _stop(self, label, code):
+        self._out.write("mxlaunch: %s exited with status %s; stopping the job (%d other "
+                        "nodes)\n" % (label, _describe(code), len(self._procs)))
+        self._out.flush()
+        with self._lock:
+            procs = [p for p, _ in self._procs.values()]
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:
+            _signal_group(proc, signal.SIGKILL)  # also what the node left in its group
+            try:
+                proc.wait(TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        sys.stdout.flush()
+        self._exit(1)
+
+    def subprocess_module(self):
+        """A stand-in for ``subprocess`` whose call/check_call run watched nodes."""
+        def call(args, **kwargs):
+            return self.run(args, **kwargs)
+
+        def check_call(args, **kwargs):
+            code = self.run(args, **kwargs)
+            if code:
+                raise subprocess.CalledProcessError(code, args)
+            return 0
+
+        module = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in dir(subprocess)
+                                          if not k.startswith("__")})
+        module.call, module.check_call = call, check_call
+        return module
+
+
+def _label(args, env):
+    text = args if isinstance(args, str) else " ".join(map(str, args))
+    role = (env or {}).get("DMLC_ROLE") or _first(_ROLE, text) or "node"
+    task = (env or {}).get("DMLC_TASK_ID") or _first(_TASK, text)
+    if role == "server" and task is not None and env is not None \
+            and "DMLC_NUM_WORKER" in env:
+        # dmlc_tracker numbers servers after the workers
+        task = str(int(task) - int(env["DMLC_NUM_WORKER"]))
+    return role if role == "scheduler" or task is None else "%s %s" % (role, task)
+
+
+def _first(pattern, text):
+    match = pattern.search(text)
+    return match.group(1) if match else None
+
+
+def _describe(code):
+    if code < 0:
+        try:
+            return "%d (%s)" % (code, signal.Signals(-code).name)
+        except ValueError:
+            pass
+    return str(code)
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def install(watch=None):
+    """Route dmlc_tracker's node starts (local, ssh, the scheduler) through ``watch``."""
+    from dmlc_tracker import local, ssh, tracker
+    watch = watch or NodeWatch()
+    module = watch.subprocess_module()
+    for tracker_module in (local, ssh, tracker):
+        tracker_module.subprocess = module
+    return watch
