@@ -75,6 +75,7 @@ NO_FAST = {
     "test_allreduce_launch.py": "its one test stalls and restarts a real Horovod job",
     "test_failures.py": "every test kills a node of a real job",
     "test_host_wait.py": "every test downs the link of an emulated host under a real job",
+    "test_module_api.py": "every test trains through the Module API in a real job",
     "test_mpi.py": "every test starts a real job under mpirun",
     "test_real_models.py": "every test runs a real job",
     "test_resume.py": "every test saves and resumes real jobs",
