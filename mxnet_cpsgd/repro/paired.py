@@ -125,6 +125,12 @@ class PairedDiff:
         return "not distinguishable"
 
 
+def same_setting(groups: Sequence[Group], group: Group) -> List[Group]:
+    """The groups of ``group``'s experiment, M and network (``group`` included)."""
+    return [h for h in groups if (h.experiment, h.num_workers, h.rate) ==
+            (group.experiment, group.num_workers, group.rate)]
+
+
 def reference_label(label: str, labels: Sequence[str], base: str = "SSGD") -> Optional[str]:
     """The S-SGD label ``label`` is compared with (None for the base itself)."""
     if label == base:
@@ -159,9 +165,7 @@ def paired_differences(groups: Sequence[Group], base: str = "SSGD",
     """
     out = []
     for g in groups:
-        same = [h for h in groups
-                if (h.experiment, h.num_workers, h.rate) == (g.experiment, g.num_workers,
-                                                             g.rate)]
+        same = same_setting(groups, g)
         labels = [h.label for h in same]
         ref = reference_label(g.label, labels, base)
         if ref is None or ref == g.label:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .markdown import md_table
-from .paired import iteration_series, reference_label
+from .paired import iteration_series, reference_label, same_setting
 from .summary import Group
 
 #: points below the reference's final accuracy that count as "there"
@@ -66,9 +66,7 @@ def time_to_accuracy(groups: Sequence[Group], drops: Sequence[float] = DEFAULT_D
     the reference itself included) and every drop, the iterations to the target."""
     out = []
     for g in groups:
-        same = [h for h in groups
-                if (h.experiment, h.num_workers, h.rate) == (g.experiment, g.num_workers,
-                                                             g.rate)]
+        same = same_setting(groups, g)
         labels = [h.label for h in same]
         ref_label = g.label if g.label == base else reference_label(g.label, labels, base)
         if ref_label is None:
