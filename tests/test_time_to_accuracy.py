@@ -77,10 +77,41 @@ def test_time_to_accuracy_per_seed(groups, drop):
 
 def test_markdown_marks_measured_and_combined(groups):
     rows = time_to_accuracy(groups, drops=[1.0])
-    text = time_to_accuracy_markdown(rows, {("k5", 2): 50.0})
+    text = time_to_accuracy_markdown(rows, {"m2": {"k5": 50.0}})
     k5 = next(r for r in rows if r.label == "k5")
     assert "iterations (measured, mean)" in text and "(combined)" in text
     line = next(l for l in text.splitlines() if "| k5 |" in l)
     assert "| 50.0 | %.0f |" % (k5.mean_iterations * 0.05) in line
     bit = next(l for l in text.splitlines() if "| BIT |" in l)
     assert "| n/a | n/a |" in bit       # no time per iteration given
+
+
+def test_report_section_from_the_spec_settings(tmp_path):
+    """The spec's time_to_accuracy settings (via reproduce.json) add the section; without
+    them the report has none."""
+    root = str(tmp_path / "out")
+    for label, seeds in CURVES.items():
+        for seed, curve in seeds.items():
+            _write(root, label, seed, curve)
+    assert "## Time to accuracy" not in report.generate(root, plots=False).markdown
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"time_to_accuracy": {"drops": [1.0], "source": "cpsgd-bench, test",
+                                        "ms_per_iteration": {"m2": {"k5": 50.0}}}}, f)
+    md = report.generate(root, plots=False).markdown
+    assert "## Time to accuracy" in md and "Time per iteration: cpsgd-bench, test" in md
+    _, iters = _expected("k5", 1.0)
+    got = [i for i in iters if i is not None]
+    section = md.split("## Time to accuracy", 1)[1].split("\n## ", 1)[0]
+    line = next(l for l in section.splitlines() if l.startswith("| m2 | 2 | loopback | k5 |"))
+    assert "| %.0f | 50.0 | %.0f |" % (sum(got) / len(got), sum(got) / len(got) * 0.05) in line
+
+
+@pytest.mark.parametrize("bad", [
+    [], {"drops": [0]}, {"drops": 0.5}, {"ms_per_iteration": {"m2": {"k5": -1}}},
+    {"ms_per_iteration": {"m2": 5}}, {"unknown": 1}])
+def test_spec_refuses_bad_time_to_accuracy(bad):
+    from mxnet_cpsgd.repro import spec as spec_mod
+    base = {"script": "scripts/train_mnist.py", "runs": [{"label": "S", "algorithm": "ssgd"}]}
+    with pytest.raises(spec_mod.SpecError, match="time_to_accuracy"):
+        spec_mod.validate_spec(dict(base, time_to_accuracy=bad))
+    spec_mod.validate_spec(dict(base, time_to_accuracy={"drops": [0.5, 1.0]}))

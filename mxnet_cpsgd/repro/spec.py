@@ -26,7 +26,7 @@ EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
                                "report_name", "figures", "comparisons",
-                               "equivalence_margin")
+                               "equivalence_margin", "time_to_accuracy")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -116,11 +116,39 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("%r must be a mapping" % key)
     validate_figures(spec.get("figures"), names)
     validate_comparisons(spec.get("comparisons"), names)
+    validate_time_to_accuracy(spec.get("time_to_accuracy"))
     margin = spec.get("equivalence_margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                or not margin > 0):
         raise SpecError("'equivalence_margin' must be a positive number of accuracy points "
                         "(fixed before the runs), got %r" % (margin,))
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def validate_time_to_accuracy(settings) -> None:
+    """``time_to_accuracy``: ``drops`` (positive points), ``ms_per_iteration``
+    ({experiment: {label: positive ms}}) and ``source`` (text), each optional."""
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise SpecError("'time_to_accuracy' must be a mapping")
+    unknown = sorted(set(settings) - {"drops", "ms_per_iteration", "source"})
+    if unknown:
+        raise SpecError("time_to_accuracy: unknown key(s) %s (known: drops, "
+                        "ms_per_iteration, source)" % ", ".join(unknown))
+    drops = settings.get("drops", [0.5])
+    if not isinstance(drops, list) or not drops or not all(_positive(d) for d in drops):
+        raise SpecError("time_to_accuracy: 'drops' must be a list of positive points, "
+                        "got %r" % (drops,))
+    ms = settings.get("ms_per_iteration") or {}
+    if not isinstance(ms, dict) or not all(
+            isinstance(v, dict) and all(_positive(x) for x in v.values())
+            for v in ms.values()):
+        raise SpecError("time_to_accuracy: 'ms_per_iteration' must map experiment -> "
+                        "{label: positive ms}, got %r" % (ms,))
 
 
 def validate_comparisons(comparisons, experiment_names) -> None:

@@ -84,14 +84,14 @@ def time_to_accuracy(groups: Sequence[Group], drops: Sequence[float] = DEFAULT_D
 
 
 def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
-                              ms_per_iteration: Optional[Dict[Tuple[str, int], float]] = None
+                              ms_per_iteration: Optional[Dict[str, Dict[str, float]]] = None
                               ) -> str:
-    """The rows as a table; with ``ms_per_iteration`` ({(label, M): ms}), the combined
-    time too."""
+    """The rows as a table; with ``ms_per_iteration`` ({experiment: {label: ms}}), the
+    combined time too."""
     ms_per_iteration = ms_per_iteration or {}
     body = []
     for r in rows:
-        ms = ms_per_iteration.get((r.label, r.num_workers))
+        ms = (ms_per_iteration.get(r.experiment) or {}).get(r.label)
         seconds = r.seconds(ms)
         body.append([
             r.experiment, r.num_workers, r.rate or "loopback", r.label, r.reference,
@@ -104,3 +104,24 @@ def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
                      "target (%)", "seeds reached", "iterations (measured, mean)",
                      "ms / iteration (measured)", "time to target, s (combined)"], body,
                     ["l", "r", "l", "l", "l", "r", "r", "r", "r", "r", "r"])
+
+
+def time_to_accuracy_section(groups: Sequence[Group], settings: Dict[str, object]) -> List[str]:
+    """The report's "Time to accuracy" section (Markdown lines) for the spec's
+    ``time_to_accuracy`` settings: ``drops`` (points, default 0.5 and 1),
+    ``ms_per_iteration`` ({experiment: {label: ms}}, measured elsewhere) and
+    ``source`` (where those times come from)."""
+    rows = time_to_accuracy(groups, drops=settings.get("drops") or DEFAULT_DROPS)
+    if not rows:
+        return []
+    md = ["## Time to accuracy", "",
+          "Iterations until the validation accuracy first reaches the final accuracy of "
+          "S-SGD (the run's reference, mean over its seeds) minus each drop: measured from "
+          "the training curves, one validation per epoch, so each count is an upper bound "
+          "up to one epoch late; the mean is over the seeds that reached the target. The "
+          "time multiplies it by a time per iteration measured elsewhere, so it is combined, "
+          "not measured.", ""]
+    if settings.get("source"):
+        md += ["Time per iteration: %s" % settings["source"], ""]
+    md += [time_to_accuracy_markdown(rows, settings.get("ms_per_iteration")), ""]
+    return md
