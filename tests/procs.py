@@ -161,3 +161,17 @@ def repo_pythonpath(repo):
     """PYTHONPATH for a process that must import this checkout: ``repo`` first, then
     this process's own (tests/lean_site, put there by conftest.py)."""
     return os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+
+
+def killed_after(factory):
+    """A fixture body: yields ``start(*args)``, which makes ``factory(*args)`` (a
+    launcher or job with a ``kill()``), and kills every one it made at teardown."""
+    started = []
+
+    def start(*args, **kwargs):
+        obj = factory(*args, **kwargs)
+        started.append(obj)
+        return obj
+    yield start
+    for obj in started:
+        obj.kill()

@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, kill_all, listening, marked_processes, repo_pythonpath
+from procs import (MARK_VAR, kill_all, killed_after, listening, marked_processes,
+                   repo_pythonpath)
 
 from mxnet_cpsgd.cluster import hosts as emulated
 from mxnet_cpsgd.cluster import procfs
@@ -140,15 +141,7 @@ def make_hosts():
 
 @pytest.fixture
 def launchers(mark):
-    started = []
-
-    def start(*args, **kwargs):
-        launcher = Launcher(*args, **kwargs)
-        started.append(launcher)
-        return launcher
-    yield start
-    for launcher in started:
-        launcher.kill()
+    yield from killed_after(Launcher)
 
 
 def node_pids(mark, role, host):

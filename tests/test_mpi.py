@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, marked_processes, repo_pythonpath
+from procs import MARK_VAR, killed_after, marked_processes, repo_pythonpath
 from test_cluster import (BOUND_S, CPSGD_SPEC, KV_LOOP, NODE_ENV, Launcher, _REASON,
                           assert_nothing_left, load_recording, node_pids)
 
@@ -60,15 +60,7 @@ class MpiLauncher(Launcher):
 
 @pytest.fixture
 def mpi_launchers(mark):
-    started = []
-
-    def start(*args, **kwargs):
-        launcher = MpiLauncher(*args, **kwargs)
-        started.append(launcher)
-        return launcher
-    yield start
-    for launcher in started:
-        launcher.kill()
+    yield from killed_after(MpiLauncher)
 
 
 @pytest.fixture

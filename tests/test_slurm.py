@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, kill_all, marked_processes, repo_pythonpath
+from procs import MARK_VAR, kill_all, killed_after, marked_processes, repo_pythonpath
 from slurm_hosts import EmulatedSlurm, SlurmUnavailable, check_available
 from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, load_recording, node_pids
 
@@ -126,15 +126,7 @@ class Allocated:
 
 @pytest.fixture
 def allocated(mark):
-    started = []
-
-    def start(*args, **kwargs):
-        a = Allocated(*args, **kwargs)
-        started.append(a)
-        return a
-    yield start
-    for a in started:
-        a.kill()
+    yield from killed_after(Allocated)
 
 
 def assert_nothing_left(cluster, mark):
