@@ -108,10 +108,43 @@ def test_report_section_from_the_spec_settings(tmp_path):
 
 @pytest.mark.parametrize("bad", [
     [], {"drops": [0]}, {"drops": 0.5}, {"ms_per_iteration": {"m2": {"k5": -1}}},
-    {"ms_per_iteration": {"m2": 5}}, {"unknown": 1}])
+    {"ms_per_iteration": {"m2": 5}}, {"unknown": 1}, {"experiments": "m2"},
+    {"same_iterations": {"horovod": 1}}, {"same_iterations": ["SSGD"]}])
 def test_spec_refuses_bad_time_to_accuracy(bad):
     from mxnet_cpsgd.repro import spec as spec_mod
     base = {"script": "scripts/train_mnist.py", "runs": [{"label": "S", "algorithm": "ssgd"}]}
     with pytest.raises(spec_mod.SpecError, match="time_to_accuracy"):
         spec_mod.validate_spec(dict(base, time_to_accuracy=bad))
     spec_mod.validate_spec(dict(base, time_to_accuracy={"drops": [0.5, 1.0]}))
+
+
+def test_same_iterations_rows_and_experiment_filter(groups):
+    """A timed-only algorithm (Horovod for S-SGD) takes its source's per-seed iterations,
+    right after the source's row; an experiment filter keeps only the named ones."""
+    rows = time_to_accuracy(groups, drops=[0.5], same_iterations={"horovod": "SSGD"})
+    labels = [r.label for r in rows]
+    assert labels.index("horovod") == labels.index("SSGD") + 1
+    hvd = rows[labels.index("horovod")]
+    _, iters = _expected("SSGD", 0.5)
+    assert hvd.iterations == iters and hvd.iterations_of == "SSGD"
+    text = time_to_accuracy_markdown(rows, {"m2": {"horovod": 40.0}})
+    line = next(l for l in text.splitlines() if "| horovod (iterations of SSGD) |" in l)
+    got = [i for i in iters if i is not None]
+    assert "| 40.0 | %.0f |" % (sum(got) / len(got) * 0.04) in line
+    assert time_to_accuracy(groups, experiments=["other"]) == []
+    assert len(time_to_accuracy(groups, drops=[0.5], experiments=["m2"])) == 3
+
+
+def test_report_draws_the_time_to_accuracy_figure(tmp_path):
+    """With times per iteration and plots on, the section links a figure that exists."""
+    root = str(tmp_path / "out")
+    for label, seeds in CURVES.items():
+        for seed, curve in seeds.items():
+            _write(root, label, seed, curve)
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"time_to_accuracy": {"drops": [1.0], "same_iterations": {"hvd": "SSGD"},
+                                        "ms_per_iteration": {"m2": {"k5": 50.0, "hvd": 60.0,
+                                                                    "SSGD": 70.0}}}}, f)
+    md = report.generate(root, plots=True).markdown
+    assert "](time-to-accuracy.png)" in md
+    assert os.path.getsize(os.path.join(root, "time-to-accuracy.png")) > 1000

@@ -248,3 +248,42 @@ def plot_paired_bars(diffs: Sequence[object], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
+
+
+def plot_time_to_accuracy(panels: Sequence[Dict[str, object]], path: str, title: str) -> None:
+    """Horizontal bars of a combined time to accuracy, one panel per experiment.
+
+    Args:
+        panels: each ``{"name": str, "bars": [{"label": str, "seconds": float or None,
+            "seed_seconds": [float, ...]}]}``; a bar whose time is None (target not
+            reached, or no time per iteration) is left empty and labelled so.
+        path: PNG to write.
+        title: the figure's title.
+    """
+    plt = _pyplot()
+    rows = max(len(p["bars"]) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 0.45 * rows + 1.6),
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        bars = panel["bars"]
+        top = max([b["seconds"] or 0.0 for b in bars]
+                  + [s for b in bars for s in b["seed_seconds"]] + [1.0])
+        for i, b in enumerate(bars):
+            if b["seconds"] is None:
+                ax.text(0.01 * top, i, "not reached / not timed", va="center", fontsize=7)
+                continue
+            ax.barh(i, b["seconds"], color="tab:blue", alpha=0.7)
+            ax.plot(b["seed_seconds"], [i] * len(b["seed_seconds"]), "k.", ms=4)
+            ax.text(b["seconds"], i, " %.0f s" % b["seconds"], va="center", fontsize=7)
+        ax.set_yticks(range(len(bars)))
+        ax.set_yticklabels([b["label"] for b in bars], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1.2 * top)
+        ax.set_xlabel("time to target (s, combined: measured iterations x measured ms)",
+                      fontsize=8)
+        ax.set_title(panel["name"], fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(_fit_title(title, fig), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

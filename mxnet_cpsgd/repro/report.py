@@ -90,7 +90,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
             glob.glob(os.path.join(out_dir, "bench-sweep-*.png")) + \
             glob.glob(os.path.join(out_dir, "accuracy-*.png")) + \
             glob.glob(os.path.join(out_dir, "paired-*.png")) + \
-            glob.glob(os.path.join(out_dir, "figure-*.png")):
+            glob.glob(os.path.join(out_dir, "figure-*.png")) + \
+            glob.glob(os.path.join(out_dir, "time-to-accuracy.png")):
         os.remove(stale)
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
@@ -188,7 +189,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "leaves those seeds out." % FAILED_POINTS, ""]
         md += [paired_markdown(chosen, margin), ""]
     if meta.get("time_to_accuracy"):
-        md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"])
+        md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
+                                       out_dir if plots else None)
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
         figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)

@@ -130,15 +130,26 @@ def _positive(value) -> bool:
 
 def validate_time_to_accuracy(settings) -> None:
     """``time_to_accuracy``: ``drops`` (positive points), ``ms_per_iteration``
-    ({experiment: {label: positive ms}}) and ``source`` (text), each optional."""
+    ({experiment: {label: positive ms}}), ``source`` (text), ``experiments`` (names) and
+    ``same_iterations`` ({name: run label}), each optional."""
     if settings is None:
         return
     if not isinstance(settings, dict):
         raise SpecError("'time_to_accuracy' must be a mapping")
-    unknown = sorted(set(settings) - {"drops", "ms_per_iteration", "source"})
+    known = ("drops", "ms_per_iteration", "source", "experiments", "same_iterations")
+    unknown = sorted(set(settings) - set(known))
     if unknown:
-        raise SpecError("time_to_accuracy: unknown key(s) %s (known: drops, "
-                        "ms_per_iteration, source)" % ", ".join(unknown))
+        raise SpecError("time_to_accuracy: unknown key(s) %s (known: %s)"
+                        % (", ".join(unknown), ", ".join(known)))
+    exps = settings.get("experiments", [])
+    if not isinstance(exps, list) or not all(isinstance(e, str) for e in exps):
+        raise SpecError("time_to_accuracy: 'experiments' must be a list of experiment "
+                        "names, got %r" % (exps,))
+    same = settings.get("same_iterations") or {}
+    if not isinstance(same, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in same.items()):
+        raise SpecError("time_to_accuracy: 'same_iterations' must map a name to the run "
+                        "label whose iterations it takes, got %r" % (same,))
     drops = settings.get("drops", [0.5])
     if not isinstance(drops, list) or not drops or not all(_positive(d) for d in drops):
         raise SpecError("time_to_accuracy: 'drops' must be a list of positive points, "

@@ -8,12 +8,16 @@ that can be up to one epoch late.  Multiplied by a time per iteration measured
 elsewhere (``cpsgd-bench`` at the same M), it gives a time to accuracy: the iterations
 are measured, the time is combined, and the report says so.
 """
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .markdown import md_table
 from .paired import iteration_series, reference_label, same_setting
 from .summary import Group
+
+#: the section's figure (written beside the report)
+FIGURE = "time-to-accuracy.png"
 
 #: points below the reference's final accuracy that count as "there"
 DEFAULT_DROPS = (0.5, 1.0)
@@ -41,6 +45,9 @@ class TimeToAccuracy:
     target: float                       # accuracy (fraction)
     seeds: List[object]
     iterations: List[Optional[float]]   # per seed; None: never reached
+    #: a run label whose iterations this row takes (an algorithm with the same arithmetic,
+    #: such as Horovod's all-reduce S-SGD for S-SGD, that has no training runs of its own)
+    iterations_of: Optional[str] = None
 
     @property
     def reached(self) -> int:
@@ -61,11 +68,22 @@ class TimeToAccuracy:
 
 
 def time_to_accuracy(groups: Sequence[Group], drops: Sequence[float] = DEFAULT_DROPS,
-                     base: str = "SSGD") -> List[TimeToAccuracy]:
+                     base: str = "SSGD", experiments: Optional[Sequence[str]] = None,
+                     same_iterations: Optional[Dict[str, str]] = None
+                     ) -> List[TimeToAccuracy]:
     """For every group that has an S-SGD reference (as the paired differences pick it,
-    the reference itself included) and every drop, the iterations to the target."""
+    the reference itself included) and every drop, the iterations to the target.
+
+    Args:
+        experiments: only these experiments (default: all).
+        same_iterations: {name: run label}: a row ``name`` that takes the iterations of
+            ``run label`` in the same experiment (an algorithm computing the same update,
+            timed but not trained), right after that label's row.
+    """
     out = []
     for g in groups:
+        if experiments is not None and g.experiment not in experiments:
+            continue
         same = same_setting(groups, g)
         labels = [h.label for h in same]
         ref_label = g.label if g.label == base else reference_label(g.label, labels, base)
@@ -80,7 +98,15 @@ def time_to_accuracy(groups: Sequence[Group], drops: Sequence[float] = DEFAULT_D
             out.append(TimeToAccuracy(
                 g.experiment, g.num_workers, g.rate, g.label, ref_label, drop, target,
                 g.seeds, [iterations_to_target(pts, target) for pts in iteration_series(g)]))
-    return out
+    sources: Dict[str, List[str]] = {}
+    for name, source in (same_iterations or {}).items():
+        sources.setdefault(source, []).append(name)
+    rows = []
+    for r in out:
+        rows.append(r)
+        rows += [replace(r, label=name, iterations_of=r.label)
+                 for name in sources.get(r.label, [])]
+    return rows
 
 
 def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
@@ -93,8 +119,10 @@ def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
     for r in rows:
         ms = (ms_per_iteration.get(r.experiment) or {}).get(r.label)
         seconds = r.seconds(ms)
+        label = (r.label if r.iterations_of is None
+                 else "%s (iterations of %s)" % (r.label, r.iterations_of))
         body.append([
-            r.experiment, r.num_workers, r.rate or "loopback", r.label, r.reference,
+            r.experiment, r.num_workers, r.rate or "loopback", label, r.reference,
             "%.1f" % r.drop, "%.2f" % (100.0 * r.target),
             "%d of %d" % (r.reached, len(r.iterations)),
             "%.0f" % r.mean_iterations if r.mean_iterations is not None else "not reached",
@@ -106,12 +134,36 @@ def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
                     ["l", "r", "l", "l", "l", "r", "r", "r", "r", "r", "r"])
 
 
-def time_to_accuracy_section(groups: Sequence[Group], settings: Dict[str, object]) -> List[str]:
+def plot_panels(rows: Sequence[TimeToAccuracy],
+                ms_per_iteration: Dict[str, Dict[str, float]], drop: float
+                ) -> List[Dict[str, object]]:
+    """The time-to-accuracy figure's panels (see plots.plot_time_to_accuracy): per
+    experiment that has times per iteration, one bar per row at ``drop``."""
+    panels: Dict[str, List[Dict[str, object]]] = {}
+    for r in rows:
+        ms = (ms_per_iteration.get(r.experiment) or {}).get(r.label)
+        if r.drop != drop or not ms_per_iteration.get(r.experiment):
+            continue
+        panels.setdefault("%s, M = %d" % (r.experiment, r.num_workers), []).append({
+            "label": r.label if r.iterations_of is None
+            else "%s (iter. of %s)" % (r.label, r.iterations_of),
+            "seconds": r.seconds(ms),
+            "seed_seconds": [i * ms / 1000.0 for i in r.iterations if i is not None]
+            if ms else []})
+    return [{"name": name, "bars": bars} for name, bars in panels.items()]
+
+
+def time_to_accuracy_section(groups: Sequence[Group], settings: Dict[str, object],
+                             out_dir: Optional[str] = None) -> List[str]:
     """The report's "Time to accuracy" section (Markdown lines) for the spec's
     ``time_to_accuracy`` settings: ``drops`` (points, default 0.5 and 1),
-    ``ms_per_iteration`` ({experiment: {label: ms}}, measured elsewhere) and
-    ``source`` (where those times come from)."""
-    rows = time_to_accuracy(groups, drops=settings.get("drops") or DEFAULT_DROPS)
+    ``ms_per_iteration`` ({experiment: {label: ms}}, measured elsewhere), ``source``
+    (where those times come from), ``experiments`` (only these) and ``same_iterations``
+    (rows that take another run's iterations).  With ``out_dir`` and times per
+    iteration, the figure ``time-to-accuracy.png`` (the first drop) is written there."""
+    rows = time_to_accuracy(groups, drops=settings.get("drops") or DEFAULT_DROPS,
+                            experiments=settings.get("experiments"),
+                            same_iterations=settings.get("same_iterations"))
     if not rows:
         return []
     md = ["## Time to accuracy", "",
@@ -124,4 +176,11 @@ def time_to_accuracy_section(groups: Sequence[Group], settings: Dict[str, object
     if settings.get("source"):
         md += ["Time per iteration: %s" % settings["source"], ""]
     md += [time_to_accuracy_markdown(rows, settings.get("ms_per_iteration")), ""]
+    drop = (settings.get("drops") or DEFAULT_DROPS)[0]
+    panels = plot_panels(rows, settings.get("ms_per_iteration") or {}, drop)
+    if out_dir and panels:
+        from .plots import plot_time_to_accuracy
+        plot_time_to_accuracy(panels, os.path.join(out_dir, FIGURE),
+                              "Time to S-SGD's final accuracy minus %g point" % drop)
+        md += ["![time to accuracy, combined](%s)" % FIGURE, ""]
     return md
