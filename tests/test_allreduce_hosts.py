@@ -191,7 +191,7 @@ def test_host_name_on_loopback_fails_before_the_rendezvous(make_hosts, launchers
     code = launcher.finish(120)
     text = launcher.text
     assert code == 1, text[-4000:]
-    failures = [l for l in launcher.lines if l and "stopping the job" in l]
+    failures = failure_lines(launcher.lines)
     assert len(failures) == 1, text[-4000:]
     assert re.match(r"^cpsgd-launch: worker \d on 198\.18\.0\.1\d exited with code 1 after "
                     r"raising GlooHostError: this host's name '[^']+' resolves to "
