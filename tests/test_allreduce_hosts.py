@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import marked_processes
+from procs import listening, marked_processes
 from test_cluster import _REASON as _SSH_REASON
 from test_cluster import BOUND_S, NODE_ENV, launchers, make_hosts  # noqa: F401 (fixtures)
 from test_cluster import assert_nothing_left as nothing_left_on_hosts
@@ -214,6 +214,15 @@ def test_killed_remote_allreduce_worker(make_hosts, launchers, mark, tmp_path, m
     assert launcher.wait_for(["[worker 0 on %s] all-reduce up: rank 0 of 2, sum 3" % h1,
                               "[worker 1 on %s] all-reduce up: rank 1 of 2, sum 3" % h2]), \
         launcher.text[-4000:]
+    # nothing on a wildcard address: the rendezvous service on the launching
+    # machine's address towards the hosts, each worker (if still listening
+    # once connected) on its host's
+    started = started_line(launcher.lines)
+    port = int(re.search(r"port (\d+):", started).group(1))
+    rendezvous = int(re.search(r"rendezvous 0 pid (\d+)", started).group(1))
+    assert listening(rendezvous) == [(hosts.launcher.address, port)]
+    for index, host in enumerate((h1, h2)):
+        assert {a for a, _ in listening(worker_pids(mark, index)[1])} <= {host}
     os.kill(worker_pids(mark, 1)[1], signal.SIGKILL)
     killed = time.monotonic()
     if max_restarts:

@@ -3,7 +3,8 @@
 (:mod:`.slurm`).
 
 The rendezvous service (:mod:`.rendezvous`) runs on the launching machine,
-where the scheduler of a parameter-server job would; worker i runs on slot i
+where the scheduler of a parameter-server job would, listening on the
+address the hosts reach it at (only); worker i runs on slot i
 (the slots are the hosts taken round robin, as the ps mode places its
 workers), under the same watchdog as every remote node, with the HOROVOD_*
 variables horovodrun's Gloo launcher sets: ``HOROVOD_HOSTNAME`` is the host's
@@ -64,10 +65,10 @@ def build_allreduce_nodes(command: List[str], num_workers: int, env: Mapping[str
     rendezvous_env.update(env)
     rendezvous = Node("rendezvous", 0,
                       [python, "-m", "mxnet_cpsgd.cluster.rendezvous", "--port", str(port),
-                       "--hosts", ",".join(hosts), "--bind", "0.0.0.0"], rendezvous_env)
+                       "--hosts", ",".join(hosts), "--bind", root_uri], rendezvous_env)
     # the workers start once it answers: Horovod's Gloo client gives up after a
     # few refused requests
-    rendezvous.serves = ("127.0.0.1", port)
+    rendezvous.serves = (root_uri, port)
     nodes = [rendezvous]
     wrapper = [python, "-m", "mxnet_cpsgd.cluster.gloo_host",
                "--hosts", str(len(set(hosts))), "--"]
