@@ -293,3 +293,26 @@ def test_killed_allreduce_worker_in_slurm_restarts(cluster, allocated, mark):
         assert "[worker %d on %s] done after 5 all-reduces" % (i, node) in text, text
     assert text.rstrip().endswith("cpsgd-launch: job finished successfully")
     nothing_left_in_slurm(c, mark)
+
+
+@needs_hosts
+def test_stopped_remote_allreduce_worker_is_named(make_hosts, launchers, mark):
+    """SIGSTOP of the worker on the second host, Gloo's timeout (5 s) shorter
+    than --stall-timeout: the other worker fails first, and the one line
+    names the stopped worker before it."""
+    hosts = make_hosts(2, own_name=True)
+    h1, h2 = (h.address for h in hosts.hosts)
+    launcher = launchers(hosts, mark, ["--allreduce", "-n", "2", "--stall-timeout", "120",
+                                       "--env", "HOROVOD_GLOO_TIMEOUT_SECONDS=5"],
+                         [sys.executable, "-c", HVD_LOOP])
+    assert launcher.wait_for(["[worker 0 on %s] all-reduce up" % h1,
+                              "[worker 1 on %s] all-reduce up" % h2]), launcher.text[-4000:]
+    os.kill(worker_pids(mark, 1)[1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    assert launcher.finish(BOUND_S + 30) == 1, launcher.text[-4000:]
+    assert time.monotonic() - stopped < BOUND_S
+    failures = failure_lines(launcher.lines)
+    assert len(failures) == 1, launcher.text[-4000:]
+    assert failures[0].startswith("cpsgd-launch: worker 1 on %s is stopped (state T) while "
+                                  "worker 0 on %s exited with code 1" % (h2, h1)), failures
+    nothing_left_on_hosts(hosts, mark)
