@@ -9,6 +9,7 @@ Root only, and horovod.mxnet; skipped with the reason elsewhere."""
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -83,6 +84,19 @@ def test_slot_ranks_follow_horovods_host_assignment():
         assert len(set(ours)) == len(hosts)
         for host, (local, local_size, cross, cross_size) in zip(hosts, ours):
             assert theirs[(host, local)] == (local_size, cross, cross_size), (hosts, ours)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--launcher", "mpi"], "--allreduce runs on this machine, over ssh (-H) or in a Slurm "
+                            "allocation (--launcher slurm), not with mpirun"),
+    (["-H", os.devnull, "--scheduler-on-first-host"],
+     "--allreduce runs its rendezvous service on this machine; leave out "
+     "--scheduler-on-first-host"),
+])
+def test_allreduce_refuses_what_it_cannot_do(args, message):
+    run = subprocess.run([sys.executable, "-m", "mxnet_cpsgd.launch", "--allreduce", "-n", "2"]
+                         + args + ["--", "true"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "cpsgd-launch: error: " + message in run.stderr, run.stderr
 
 
 def one_machine_weights(tmp_path, num_workers):
