@@ -58,8 +58,9 @@ def _cgroup_conf():
 class EmulatedSlurm:
     """slurmctld on the launching machine, a slurmd on each of ``num_hosts``."""
 
-    def __init__(self, num_hosts, cpus=8):
-        self.hosts = emulated.EmulatedHosts(num_hosts, sshd=False)
+    def __init__(self, num_hosts, cpus=8, own_name=False):
+        # own_name: the host name resolves to each host's own address there
+        self.hosts = emulated.EmulatedHosts(num_hosts, sshd=False, own_name=own_name)
         self.cpus = cpus
         self.dir = ""
         self.daemons = []  # (name, Popen)

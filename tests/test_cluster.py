@@ -129,8 +129,8 @@ def make_hosts():
     """EmulatedHosts factory; everything is removed afterwards, pass or fail."""
     made = []
 
-    def make(num_hosts):
-        hosts = emulated.EmulatedHosts(num_hosts)
+    def make(num_hosts, **options):
+        hosts = emulated.EmulatedHosts(num_hosts, **options)
         made.append(hosts)
         hosts.setup()
         return hosts

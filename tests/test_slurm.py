@@ -65,8 +65,8 @@ def test_outside_an_allocation_is_an_error_before_anything_starts():
 def cluster():
     made = []
 
-    def make(num_hosts=2):
-        c = EmulatedSlurm(num_hosts)
+    def make(num_hosts=2, **options):
+        c = EmulatedSlurm(num_hosts, **options)
         made.append(c)
         c.setup()
         return c

@@ -73,6 +73,8 @@ NO_FAST = {
                                   "flips the switch every correction round",
     "test_equivalence.py": "every test compares real jobs",
     "test_allreduce_launch.py": "its one test stalls and restarts a real Horovod job",
+    "test_allreduce_hosts.py": "its tests run Horovod jobs across emulated ssh hosts or "
+                               "Slurm nodes, but for two small checks of the same feature",
     "test_failures.py": "every test kills a node of a real job",
     "test_host_wait.py": "every test downs the link of an emulated host under a real job",
     "test_module_api.py": "every test trains through the Module API in a real job",

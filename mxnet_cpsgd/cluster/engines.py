@@ -52,20 +52,22 @@ def _prepare(cluster: Cluster, port: Optional[int], launch_id: str, first: bool,
 
 def build(cluster: Cluster, command: List[str], num_workers: int, num_servers: int,
           env: Mapping[str, str], port: int, root_uri: str, launch_id: str,
-          heartbeat: float) -> Tuple[List[Node], str]:
-    """The job's nodes, and where they run (for the start line)."""
+          heartbeat: float, allreduce: bool = False) -> Tuple[List[Node], str]:
+    """The job's nodes, and where they run (for the start line).  With
+    ``allreduce``: a Horovod/Gloo job (ssh or Slurm)."""
+    first = "rendezvous" if allreduce else "scheduler"
     if isinstance(cluster, slurm.SlurmCluster):
         return (slurm.build_nodes(command, num_workers, num_servers, env, port, cluster,
-                                  root_uri, launch_id, heartbeat),
-                slurm.describe(cluster, root_uri))
+                                  root_uri, launch_id, heartbeat, allreduce=allreduce),
+                slurm.describe(cluster, root_uri, first))
     if isinstance(cluster, mpi.MpiCluster):
         return (mpi.build_nodes(command, num_workers, num_servers, env, port, cluster,
                                 root_uri, launch_id, heartbeat),
                 "mpirun hosts %s (scheduler on %s)" % (", ".join(cluster.names), root_uri))
     return (build_host_nodes(command, num_workers, num_servers, env, port, cluster,
-                             root_uri, launch_id, heartbeat=heartbeat),
-            "hosts %s (scheduler on %s)" % (", ".join(str(h) for h in cluster.hosts),
-                                            root_uri))
+                             root_uri, launch_id, heartbeat=heartbeat, allreduce=allreduce),
+            "hosts %s (%s on %s)" % (", ".join(str(h) for h in cluster.hosts), first,
+                                     root_uri))
 
 
 def cleanup_reserve(cluster: Cluster, timeout: float) -> float:
@@ -113,10 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options choosing the engine (the ssh options are :mod:`.launch`'s)."""
     parser.add_argument("--allreduce", action="store_true",
                         help="a Horovod/Gloo job (the all-reduce stores: horovod, the "
-                             "compressors, cpsgd_<x>) on this machine: a rendezvous "
-                             "service instead of scheduler and servers, HOROVOD_* for "
-                             "every worker as horovodrun --gloo sets them; watched, torn "
-                             "down and restarted like a parameter-server job")
+                             "compressors, cpsgd_<x>) on this machine, the hosts of -H "
+                             "or a Slurm allocation: a rendezvous service here instead "
+                             "of scheduler and servers, one worker per slot (hosts round "
+                             "robin), HOROVOD_* for every worker as horovodrun --gloo "
+                             "sets them; watched, torn down and restarted like a "
+                             "parameter-server job")
     parser.add_argument("--launcher", choices=LAUNCHERS, default=None,
                         help="where the nodes run: local (this machine; the default "
                              "without -H), ssh (the hosts of -H; the default with -H), "
@@ -170,9 +174,12 @@ def cluster_from_args(args: argparse.Namespace) -> Optional[Cluster]:
     ssh.HostError."""
     cluster: Optional[Cluster] = None
     if args.allreduce:
-        if args.launcher not in (None, "local") or args.hostfile is not None:
-            raise LaunchError("--allreduce runs the job on this machine (no -H, "
-                              "--launcher local)")
+        if args.launcher == "mpi":
+            raise LaunchError("--allreduce runs on this machine, over ssh (-H) or in a "
+                              "Slurm allocation (--launcher slurm), not with mpirun")
+        if args.scheduler_on_first_host:
+            raise LaunchError("--allreduce runs its rendezvous service on this machine; "
+                              "leave out --scheduler-on-first-host")
         args.num_servers = args.num_servers or 1  # none is started
     if args.launcher == "slurm":
         cluster = slurm_cluster(args)

@@ -22,6 +22,11 @@ Example::
             ["python", "-m", "mxnet_cpsgd.launch", "-H", hosts.hostfile,
              "--ssh-config", hosts.ssh_config, "-n", "2", "--", "python", "train.py"]))
 
+With ``own_name=True`` every host resolves the machine's host name (shared by all
+of them) to its own address, as separate machines would: ``ip netns exec``
+puts ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts`` for what it starts
+(sshd and every session), and these files are removed again on :meth:`close`.
+
 With ``sshd=False`` the hosts are plain namespaces (``host.wrap(cmd)`` runs a
 process on that host), e.g. to colocate a server and a worker per host in a
 benchmark.  Everything is removed on :meth:`close` (also on exceptions, at
@@ -32,6 +37,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +48,8 @@ from typing import List, Optional
 from mxnet_cpsgd.cluster import netem, procfs
 
 SSHD = "/usr/sbin/sshd"
+#: where ``ip netns exec`` finds the files it puts over /etc's for a namespace
+NETNS_ETC = "/etc/netns"
 
 
 class HostsUnavailable(RuntimeError):
@@ -89,14 +97,19 @@ class EmulatedHosts:
             None for unshaped links.
         delay: optional one-way delay (needs netem in the kernel).
         sshd: start an sshd on every host.
+        own_name: on every host, the machine's host name resolves to the
+            host's own address (not to what /etc/hosts says).
     """
 
     def __init__(self, num_hosts: int, rate: Optional[str] = None,
-                 delay: Optional[str] = None, sshd: bool = True) -> None:
+                 delay: Optional[str] = None, sshd: bool = True,
+                 own_name: bool = False) -> None:
         if not 1 <= num_hosts <= 100:
             raise ValueError("num_hosts must be in 1..100, got %r" % (num_hosts,))
         self.num_hosts = num_hosts
         self.rate, self.delay, self.with_sshd = rate, delay, sshd
+        self.own_name = own_name
+        self._netns_dirs: List[str] = []
         self.network: Optional[netem.EmulatedNetwork] = None
         self.machines: List[EmulatedHost] = []
         self.dir = ""
@@ -147,11 +160,25 @@ class EmulatedHosts:
                              for n in self.network.nodes]
             with open(self.hostfile, "w") as f:
                 f.write("".join(h.address + "\n" for h in self.hosts))
+            if self.own_name:
+                self._write_hosts_files()
             if self.with_sshd:
                 self._start_sshds()
         except BaseException:
             self.close()
             raise
+
+    def _write_hosts_files(self) -> None:
+        name = socket.gethostname()
+        with open("/etc/hosts") as f:
+            kept = [line for line in f.read().splitlines()
+                    if name not in line.split("#")[0].split()[1:]]
+        for host in self.hosts:
+            path = os.path.join(NETNS_ETC, host.netns)
+            os.makedirs(path)
+            self._netns_dirs.append(path)
+            with open(os.path.join(path, "hosts"), "w") as f:
+                f.write("\n".join(kept + ["%s %s" % (host.address, name)]) + "\n")
 
     def _keygen(self, path: str) -> str:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cpsgd-hosts",
@@ -250,6 +277,13 @@ class EmulatedHosts:
             if self.network is not None:
                 self.network.close()  # also kills anything left inside
         finally:
+            for path in self._netns_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+            self._netns_dirs = []
+            try:
+                os.rmdir(NETNS_ETC)  # only when no one else has a file there
+            except OSError:
+                pass
             if self.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
 

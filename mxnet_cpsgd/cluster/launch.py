@@ -312,7 +312,8 @@ class _Attempt:
             if cluster is not None:
                 job.nodes, where = engines.build(cluster, self.argv, self.num_workers,
                                                  self.num_servers, self.env, port,
-                                                 root_uri, launch_id, heartbeat=timeout)
+                                                 root_uri, launch_id, heartbeat=timeout,
+                                                 allreduce=self.allreduce)
             else:
                 job.nodes = build_local_nodes(self.argv, self.num_workers, self.num_servers,
                                               self.env, port, network,

@@ -6,6 +6,7 @@ import time
 from typing import Callable, List, Mapping, Optional, Tuple
 
 from mxnet_cpsgd.cluster import ssh
+from mxnet_cpsgd.cluster.allreduce_nodes import build_allreduce_nodes
 from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, PS_NODE_CODE, TERM_GRACE_S,
                                        WORKER_DEFAULTS, WORKER_INDEX_ENV, Node, free_port,
                                        with_worker_site)
@@ -13,13 +14,25 @@ from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, PS_NODE_CODE, TERM_GRACE_S
 
 def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
                      env: Mapping[str, str], port: int, cluster: ssh.Cluster,
-                     root_uri: str, job_id: str, heartbeat: float) -> List[Node]:
+                     root_uri: str, job_id: str, heartbeat: float,
+                     allreduce: bool = False) -> List[Node]:
     """Nodes of a multi-host job: the scheduler on this machine (or the first
     host), servers then workers round-robin over the hosts (node i of the
     servers-then-workers list on host i % len(hosts), as MXNet's tools/launch.py
-    places them); remote nodes run through ssh and the watchdog."""
+    places them); remote nodes run through ssh and the watchdog.  With
+    ``allreduce``: the rendezvous service here and worker i on host
+    i % len(hosts) (:mod:`.allreduce_nodes`)."""
     hosts = cluster.hosts
     cwd = cluster.copy_to or os.getcwd()
+    if allreduce:
+        def remote(index, name, argv, node_env):
+            host = hosts[index % len(hosts)]
+            line = ssh.remote_command(cwd, node_env, cluster.python, argv,
+                                      grace=TERM_GRACE_S, heartbeat=heartbeat)
+            return Node("worker", index, cluster.ssh.argv(host), node_env, host=host,
+                        remote_command=line)
+        return build_allreduce_nodes(command, num_workers, env, port, root_uri, job_id,
+                                     cluster.python, [h.name for h in hosts], remote)
     roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
         + [("worker", i) for i in range(num_workers)]
     nodes = []

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mxnet_cpsgd.cluster import ssh
-from mxnet_cpsgd.cluster.nodes import Node, free_port
+from mxnet_cpsgd.cluster.allreduce_nodes import build_allreduce_nodes
+from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S, Node, free_port
 from mxnet_cpsgd.cluster.step_nodes import build_step_nodes
 
 #: what every step of one launch is named (plus the launch's id)
@@ -184,10 +185,21 @@ def prepare(cluster: SlurmCluster, port: Optional[int], launch_id: str,
 
 def build_nodes(command: List[str], num_workers: int, num_servers: int,
                 env: Mapping[str, str], port: int, cluster: SlurmCluster, root_uri: str,
-                launch_id: str, heartbeat: float) -> List[Node]:
+                launch_id: str, heartbeat: float, allreduce: bool = False) -> List[Node]:
     """Scheduler here; servers then workers round-robin over the slots, each
-    one srun step running the watchdog and the node's command."""
+    one srun step running the watchdog and the node's command.  With
+    ``allreduce``: the rendezvous service here, worker i on slot i (modulo)."""
     step = STEP_NAME_PREFIX + launch_id
+    if allreduce:
+        cwd = os.getcwd()
+
+        def remote(index, node, argv, node_env):
+            line = ssh.remote_command(cwd, node_env, cluster.python, argv,
+                                      grace=TERM_GRACE_S, heartbeat=heartbeat)
+            return Node("worker", index, srun_argv(cluster, node, step, cwd) + ["sh", "-c"],
+                        node_env, host=ssh.Host(node), remote_command=line)
+        return build_allreduce_nodes(command, num_workers, env, port, root_uri, launch_id,
+                                     cluster.python, cluster.slots, remote)
     return build_step_nodes(command, num_workers, num_servers, env, port, root_uri,
                             launch_id, heartbeat, cluster.python, cluster.slots,
                             cluster.addresses.__getitem__,
@@ -233,6 +245,6 @@ def cancel_steps(cluster: SlurmCluster, launch_id: str, deadline: float,
     return None
 
 
-def describe(cluster: SlurmCluster, root_uri: str) -> str:
-    return "Slurm job %s nodes %s (scheduler on %s)" % (
-        cluster.job_id, ", ".join(cluster.nodes), root_uri)
+def describe(cluster: SlurmCluster, root_uri: str, first: str = "scheduler") -> str:
+    return "Slurm job %s nodes %s (%s on %s)" % (
+        cluster.job_id, ", ".join(cluster.nodes), first, root_uri)

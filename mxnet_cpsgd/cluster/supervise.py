@@ -19,7 +19,7 @@ from typing import IO, Callable, List, Optional, Set, Tuple
 from kvstore_ext import progress
 from mxnet_cpsgd.cluster import ssh
 from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S, Node, parent_death_signal
-from mxnet_cpsgd.cluster.stall import StallWatch
+from mxnet_cpsgd.cluster.stall import STOPPED, StallWatch, process_state
 
 _POLL_S = 0.02
 #: how long servers/scheduler may take to exit after the last worker
@@ -30,6 +30,11 @@ _SHUTDOWN_WAIT_S = 5.0
 #: happens only after every worker finalized, so waiting longer costs nothing
 #: but the delay before an odd ending is reported (a crash is reported at once)
 _PS_EXIT_GRACE_S = 10.0
+#: an all-reduce job: when a worker fails, how long to wait for a peer killed
+#: by a signal (its exit may arrive later through ssh or srun), which is then
+#: named instead: the others fail within moments of losing it, as Gloo's
+#: connections to it break
+_PEER_SETTLE_S = 3.0
 MESSAGE_PREFIX = "cpsgd-launch: "
 #: how a Python traceback starts, and its closing "module.Error: message" line
 _TRACEBACK_START = "Traceback (most recent call last):"
@@ -265,6 +270,10 @@ class Job:
                 return 1, "job timeout of %g s expired; stopping the job" % self.job_timeout
             for node in self.nodes:
                 if self._poll(node) and node.returncode != 0:
+                    node, stopped = self._first_cause(node)
+                    if stopped is not None:
+                        return 1, "%s is stopped (state T) while %s %s; stopping the job" % (
+                            stopped.name, node.name, node.describe())
                     code = node.returncode if node.role == "worker" and node.returncode > 0 else 1
                     return code, "%s %s%s; stopping the job" % (
                         node.name, node.describe(), self._raised(node))
@@ -282,6 +291,29 @@ class Job:
             if stalled is not None:
                 return 1, stalled
             self.wakeup.wait(_POLL_S)
+
+    def _first_cause(self, failed: Node) -> Tuple[Node, Optional[Node]]:
+        """The node to name for a failure first seen at ``failed``, and a
+        stopped worker (state T) to name before it, if any.  Only in an
+        all-reduce job, whose workers fail when a peer dies (at once) or stops
+        (after Gloo's timeout): a worker killed by a signal (not an abort)
+        seen within :data:`_PEER_SETTLE_S` is named instead of ``failed``."""
+        def killed(node: Node) -> bool:
+            return node.returncode is not None and node.returncode < 0 \
+                and node.returncode != -signal.SIGABRT
+        if killed(failed) or not any(n.role == "rendezvous" for n in self.nodes):
+            return failed, None
+        end = time.monotonic() + _PEER_SETTLE_S
+        while self.signal_received is None:
+            for node in self.nodes:
+                if node.role == "worker" and self._poll(node) and killed(node):
+                    return node, None
+            if time.monotonic() >= end:
+                break
+            self.wakeup.wait(_POLL_S * 5)
+        stopped = [n for n in self.nodes if n.role == "worker" and not self._poll(n)
+                   and process_state(n)[0] == STOPPED]
+        return failed, (stopped[0] if stopped else None)
 
     @staticmethod
     def _raised(node: Node) -> str:
