@@ -311,6 +311,10 @@ def test_equivalence_outcomes_and_bad_margin():
     assert wide.equivalence(0.5) == "not shown equivalent"
     assert wide.verdict == "not distinguishable"      # an interval with 0 is not "equal"
     assert one.equivalence(0.5) == "one seed: no interval"
+    # a seed count fixed before the runs: fewer pairs leave the verdict open
+    assert eq.equivalence(0.5, min_seeds=5) == "equivalent"
+    assert eq.equivalence(0.5, min_seeds=6) == "not decided (5 of 6 seeds)"
+    assert wide.equivalence(0.5, min_seeds=5) == "not decided (3 of 5 seeds)"
     with pytest.raises(ValueError):
         eq.equivalence(0)
 
@@ -347,3 +351,24 @@ def test_spec_refuses_a_bad_equivalence_margin(margin):
     with pytest.raises(spec_mod.SpecError, match="equivalence_margin"):
         spec_mod.validate_spec(bad)
     spec_mod.validate_spec(dict(bad, equivalence_margin=0.5))
+
+
+def test_report_waits_for_the_spec_min_seeds(root):
+    """With equivalence_min_seeds above a row's pairs its verdict is 'not decided', the
+    interval still shown; the note says how many seeds the verdict waits for."""
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"equivalence_margin": 0.5, "equivalence_min_seeds": 99}, f)
+    md = report.generate(root, plots=False).markdown
+    assert "waits for 99 paired seeds" in md
+    line = next(l for l in md.splitlines() if l.startswith("| m2 | 2 | loopback | k5 | SSGD |"))
+    n = len(set(FINAL["k5"]) & set(FINAL["SSGD"]))
+    assert line.endswith("| not decided (%d of 99 seeds) |" % n)
+
+
+@pytest.mark.parametrize("value", [1, 0, 2.5, "5", True])
+def test_spec_refuses_a_bad_equivalence_min_seeds(value):
+    from mxnet_cpsgd.repro import spec as spec_mod
+    base = {"script": "scripts/train_mnist.py", "runs": [{"label": "S", "algorithm": "ssgd"}]}
+    with pytest.raises(spec_mod.SpecError, match="equivalence_min_seeds"):
+        spec_mod.validate_spec(dict(base, equivalence_min_seeds=value))
+    spec_mod.validate_spec(dict(base, equivalence_min_seeds=5))

@@ -126,12 +126,14 @@ def findings(groups: Sequence[Group], accuracy: Optional[Iterable[str]] = None) 
                 if acc is None:
                     continue
                 gap = 100.0 * (acc - base)
+                # a gap of means, not a test: "equal" is for the paired table's TOST
                 if round(gap, 6) >= -MATCH_POINTS:
-                    verdict = "matches S-SGD (within %.1f points)" % MATCH_POINTS
+                    verdict = ("mean within %.1f points below S-SGD or above (a gap of "
+                               "means, not an equivalence test)" % MATCH_POINTS)
                 elif gap < -FAILED_POINTS:
                     verdict = "did NOT train (more than %.0f points below S-SGD)" % FAILED_POINTS
                 else:
-                    verdict = "does NOT match S-SGD (more than %.1f points below)" % MATCH_POINTS
+                    verdict = "mean more than %.1f points below S-SGD" % MATCH_POINTS
                 lines.append("%s: %s final val acc %.2f%% vs S-SGD %.2f%% (%+.2f points): %s."
                              % (where, g.label, 100 * acc, 100 * base, gap, verdict))
         if bit is not None and bit.mean("te"):

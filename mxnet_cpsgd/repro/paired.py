@@ -86,15 +86,18 @@ class PairedDiff:
         half = t90(self.n - 1) * self.std / math.sqrt(self.n)
         return self.mean - half, self.mean + half
 
-    def equivalence(self, margin: float) -> str:
+    def equivalence(self, margin: float, min_seeds: int = 2) -> str:
         """TOST at +-``margin`` points: 'equivalent' when the 90 % interval lies inside
         [-margin, +margin], 'not shown equivalent' otherwise (too wide or off-centre),
-        'one seed: no interval' with one seed."""
+        'one seed: no interval' with one seed; with fewer than ``min_seeds`` pairs (a
+        number fixed before the runs) the test is not decided yet, whatever the interval."""
         if margin <= 0:
             raise ValueError("an equivalence margin must be > 0 points, got %r" % margin)
         ci = self.ci90
         if ci is None:
             return "one seed: no interval"
+        if self.n < min_seeds:
+            return "not decided (%d of %d seeds)" % (self.n, min_seeds)
         if -margin < ci[0] and ci[1] < margin:
             return "equivalent"
         return "not shown equivalent"

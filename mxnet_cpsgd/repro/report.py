@@ -166,6 +166,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "in their logs)." % ", ".join(sorted(timing_only)), ""]
 
     margin = meta.get("equivalence_margin")
+    min_seeds = meta.get("equivalence_min_seeds") or 2
     pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
     if pairs:
         md += ["## Seed-paired differences to S-SGD", ""]
@@ -176,8 +177,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "what the interval allows.",
                ""]
         if margin:
-            md += [equivalence_note(margin), ""]
-        md += [paired_markdown(pairs, margin), ""]
+            md += [equivalence_note(margin, min_seeds), ""]
+        md += [paired_markdown(pairs, margin, min_seeds), ""]
     chosen = [d for d in chosen_differences(acc_groups, meta.get("comparisons") or [])
               if d.n]
     if chosen:
@@ -187,7 +188,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "and seed, in points, as above. Where either run did not train at a seed "
                "(more than %.0f points below the best seed of its label) a second row "
                "leaves those seeds out." % FAILED_POINTS, ""]
-        md += [paired_markdown(chosen, margin), ""]
+        md += [paired_markdown(chosen, margin, min_seeds), ""]
     if meta.get("time_to_accuracy"):
         md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
                                        out_dir if plots else None)
@@ -352,17 +353,22 @@ def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,
     return out
 
 
-def equivalence_note(margin: float) -> str:
+def equivalence_note(margin: float, min_seeds: int = 2) -> str:
     """How the equivalence column is decided."""
     return ("Equivalence is decided by two one-sided tests (TOST) at the margin the spec "
             "fixed before the runs, +-%g points: \"equivalent\" when the 90 %% confidence "
             "interval of the mean paired difference lies inside [-%g, +%g]; an interval "
-            "that includes 0 is not enough." % (margin, margin, margin))
+            "that includes 0 is not enough.%s" % (
+                margin, margin, margin,
+                " The verdict waits for %d paired seeds (the spec's "
+                "`equivalence_min_seeds`): with fewer it says \"not decided\"." % min_seeds
+                if min_seeds > 2 else ""))
 
 
-def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None) -> str:
+def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None,
+                    min_seeds: int = 2) -> str:
     """The paired differences as a table (points); with ``margin``, also the 90 %
-    interval and the TOST verdict at +-margin points."""
+    interval and the TOST verdict at +-margin points (decided from ``min_seeds`` pairs)."""
     rows = []
     for d in pairs:
         ci = d.ci
@@ -371,7 +377,7 @@ def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None)
                "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict]
         if margin:
             ci90 = d.ci90
-            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin)]
+            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin, min_seeds)]
         rows.append(row)
     header = ["experiment", "M", "network", "run", "vs", "pairs", "seeds",
               "mean diff (points)", "95 % CI", "verdict"]

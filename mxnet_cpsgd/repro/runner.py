@@ -309,6 +309,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "reference_te_tc": spec.get("reference_te_tc"), "written": _now(),
             "figures": spec.get("figures"), "comparisons": spec.get("comparisons"),
             "equivalence_margin": spec.get("equivalence_margin"),
+            "equivalence_min_seeds": spec.get("equivalence_min_seeds"),
             "time_to_accuracy": spec.get("time_to_accuracy"),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)

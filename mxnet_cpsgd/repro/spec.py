@@ -26,7 +26,8 @@ EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
                                "report_name", "figures", "comparisons",
-                               "equivalence_margin", "time_to_accuracy")
+                               "equivalence_margin", "equivalence_min_seeds",
+                               "time_to_accuracy")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -122,6 +123,11 @@ def validate_spec(spec: Dict[str, object]) -> None:
                                or not margin > 0):
         raise SpecError("'equivalence_margin' must be a positive number of accuracy points "
                         "(fixed before the runs), got %r" % (margin,))
+    min_seeds = spec.get("equivalence_min_seeds")
+    if min_seeds is not None and (isinstance(min_seeds, bool) or not isinstance(min_seeds, int)
+                                  or min_seeds < 2):
+        raise SpecError("'equivalence_min_seeds' must be a whole number of paired seeds >= 2 "
+                        "(fixed before the runs), got %r" % (min_seeds,))
 
 
 def _positive(value) -> bool:
