@@ -147,6 +147,16 @@ def test_bench_four_workers_emulated_compute(tmp_path):
     assert len(run["workers"]) == 4
     layers = run["workers"][0]["emulated_layers"]
     assert layers and abs(sum(l["share"] for l in layers) - 1) < 1e-6
+    if rates != "loopback":
+        # each host's link bytes per timed iteration: they add up to at most the
+        # window's (which also holds the final drain), and the busiest per iteration
+        for w in run["workers"]:
+            assert len(w["iter_tx_bytes"]) == len(w["iter_rx_bytes"]) == 3, w
+            assert 0 < sum(w["iter_tx_bytes"]) <= w["tx_bytes"], w
+            assert 0 < sum(w["iter_rx_bytes"]) <= w["rx_bytes"], w
+        assert rows["cpsgd"]["busiest_link_bytes_by_iter"] == [
+            max(max(w["iter_tx_bytes"][i], w["iter_rx_bytes"][i]) for w in run["workers"])
+            for i in range(3)]
 
 
 def test_host_placement():
@@ -225,9 +235,12 @@ def test_summarize_transfer_bound():
                 "iters": 3,
                 "batch_size": 32, "param_bytes": 1000, "num_params": 250,
                 "vmhwm_kb": 1024 * (100 + r), "tx_bytes": 3000, "rx_bytes": 6000,
+                "iter_tx_bytes": [1000 + r, 500, 1500], "iter_rx_bytes": [2000, 3000, 1600 + r],
                 "server_bytes": [{"tx": 12000, "rx": 6000}] if r == 0 else None}
                for r in range(2)]}
     row = summarize(run, 1)
+    # per iteration, the larger direction of the busiest worker link
+    assert row["busiest_link_bytes_by_iter"] == [2000, 3000, 1601]
     assert row["median_ms"] == pytest.approx(200.0)
     assert row["bytes_per_iter"] == pytest.approx(3000.0)
     assert row["busiest_link"] == "server 0 up"

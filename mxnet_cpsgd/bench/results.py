@@ -108,6 +108,12 @@ def summarize(run: dict, num_servers: int) -> dict:
             links["servers down (estimated)"] = sum(tx) / num_servers
             row["server_counters"] = "estimated from workers' counters"
         row["link_bytes_per_iter"] = links
+        if all(w.get("iter_tx_bytes") for w in workers):
+            # per timed iteration, the most bytes any host's link carried one way
+            # (a colocated host's link carries its worker's and its server's traffic)
+            row["busiest_link_bytes_by_iter"] = [
+                max(max(w["iter_tx_bytes"][i], w["iter_rx_bytes"][i]) for w in workers)
+                for i in range(min(len(w["iter_tx_bytes"]) for w in workers))]
         row["max_link_bytes_per_iter"] = max(links.values())
         busiest = max(links, key=links.get)
         row["busiest_link"] = busiest

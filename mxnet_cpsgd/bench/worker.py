@@ -246,7 +246,7 @@ def _main(args):
         else:
             native_kv()._barrier()
 
-    def iterate(count, times=None, step_times=None):
+    def iterate(count, times=None, step_times=None, link_bytes=None):
         prev = time.perf_counter()
         for _ in range(count):
             if emulated is not None:
@@ -263,6 +263,10 @@ def _main(args):
             if times is not None:
                 times.append(now - prev)
                 step_times.append(after_step - before_step)
+            if link_bytes is not None:
+                # this host's link counters at the iteration's end (two sysfs reads):
+                # the bytes of each iteration, by round, come from their differences
+                link_bytes.append(read_counters())
             prev = now
 
     t_setup = time.perf_counter()
@@ -286,8 +290,9 @@ def _main(args):
     cpu_before = cpu_seconds()
     barrier()
     times, step_times = [], []
+    link_marks = [before] if args.netns else None
     start = time.perf_counter()
-    iterate(args.iters, times, step_times)
+    iterate(args.iters, times, step_times, link_marks)
     loop_s = time.perf_counter() - start
     mx.nd.waitall()
     drained_s = time.perf_counter() - start
@@ -328,6 +333,12 @@ def _main(args):
         "drained_s": drained_s,
         "tx_bytes": after[0] - before[0] if args.netns else None,
         "rx_bytes": after[1] - before[1] if args.netns else None,
+        # per timed iteration: bytes this host's link sent / received between the
+        # moments the previous and this iteration's loss became readable
+        "iter_tx_bytes": ([b[0] - a[0] for a, b in zip(link_marks, link_marks[1:])]
+                          if link_marks else None),
+        "iter_rx_bytes": ([b[1] - a[1] for a, b in zip(link_marks, link_marks[1:])]
+                          if link_marks else None),
         "server_bytes": ([{"tx": a[0] - b[0], "rx": a[1] - b[1]}
                           for b, a in zip(server_before, server_after)]
                          if server_before and server_after else None),
