@@ -274,12 +274,13 @@ def plot_time_to_accuracy(panels: Sequence[Dict[str, object]], path: str, title:
                 continue
             ax.barh(i, b["seconds"], color="tab:blue", alpha=0.7)
             ax.plot(b["seed_seconds"], [i] * len(b["seed_seconds"]), "k.", ms=4)
-            ax.text(b["seconds"], i, " %.0f s" % b["seconds"], va="center", fontsize=7)
+            ax.text(0.01 * top, i, "%.0f s" % b["seconds"], va="center", fontsize=7,
+                    color="white")
         ax.set_yticks(range(len(bars)))
         ax.set_yticklabels([b["label"] for b in bars], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, 1.2 * top)
-        ax.set_xlabel("time to target (s, combined: measured iterations x measured ms)",
+        ax.set_xlabel("s to target (iterations x ms per iteration, combined)",
                       fontsize=8)
         ax.set_title(panel["name"], fontsize=9)
         ax.grid(alpha=0.3, axis="x")

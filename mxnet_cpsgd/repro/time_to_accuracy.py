@@ -145,8 +145,10 @@ def plot_panels(rows: Sequence[TimeToAccuracy],
         if r.drop != drop or not ms_per_iteration.get(r.experiment):
             continue
         panels.setdefault("%s, M = %d" % (r.experiment, r.num_workers), []).append({
-            "label": r.label if r.iterations_of is None
-            else "%s (iter. of %s)" % (r.label, r.iterations_of),
+            "label": "%s (%d of %d seeds)" % (
+                r.label if r.iterations_of is None
+                else "%s, iter. of %s" % (r.label, r.iterations_of),
+                r.reached, len(r.iterations)),
             "seconds": r.seconds(ms),
             "seed_seconds": [i * ms / 1000.0 for i in r.iterations if i is not None]
             if ms else []})
