@@ -59,6 +59,10 @@ class TimeToAccuracy:
         got = [i for i in self.iterations if i is not None]
         return sum(got) / len(got) if got else None
 
+    def ms_from(self, ms_per_iteration: Dict[str, Dict[str, float]]) -> Optional[float]:
+        """This row's time per iteration in a ``{experiment: {label: ms}}`` table."""
+        return (ms_per_iteration.get(self.experiment) or {}).get(self.label)
+
     def seconds(self, ms_per_iteration: Optional[float]) -> Optional[float]:
         """Mean iterations x a measured time per iteration (None if either is missing)."""
         mean = self.mean_iterations
@@ -117,7 +121,7 @@ def time_to_accuracy_markdown(rows: Sequence[TimeToAccuracy],
     ms_per_iteration = ms_per_iteration or {}
     body = []
     for r in rows:
-        ms = (ms_per_iteration.get(r.experiment) or {}).get(r.label)
+        ms = r.ms_from(ms_per_iteration)
         seconds = r.seconds(ms)
         label = (r.label if r.iterations_of is None
                  else "%s (iterations of %s)" % (r.label, r.iterations_of))
@@ -141,9 +145,9 @@ def plot_panels(rows: Sequence[TimeToAccuracy],
     experiment that has times per iteration, one bar per row at ``drop``."""
     panels: Dict[str, List[Dict[str, object]]] = {}
     for r in rows:
-        ms = (ms_per_iteration.get(r.experiment) or {}).get(r.label)
         if r.drop != drop or not ms_per_iteration.get(r.experiment):
             continue
+        ms = r.ms_from(ms_per_iteration)
         panels.setdefault("%s, M = %d" % (r.experiment, r.num_workers), []).append({
             "label": "%s (%d of %d seeds)" % (
                 r.label if r.iterations_of is None
