@@ -17,11 +17,12 @@ from collections import Counter
 from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 from mxnet_cpsgd.cluster import ssh
-from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, WORKER_DEFAULTS, WORKER_INDEX_ENV,
-                                       Node, with_worker_site)
+from mxnet_cpsgd.cluster.nodes import (NODE_DEFAULTS, TERM_GRACE_S, WORKER_DEFAULTS,
+                                       WORKER_INDEX_ENV, Node, with_worker_site)
 
-#: builds one remote worker: (host name, argv, environment) -> Node
-RemoteWorker = Callable[[int, str, List[str], Dict[str, str]], Node]
+#: how to reach worker i's slot: (index, slot name) -> (argv that runs a shell
+#: command line there, the host)
+SlotLauncher = Callable[[int, str], Tuple[List[str], ssh.Host]]
 
 
 def slot_ranks(hosts: Sequence[str]) -> List[Tuple[int, int, int, int]]:
@@ -56,9 +57,11 @@ def horovod_rank_env(rank: int, hosts: Sequence[str], rendezvous: str,
 
 def build_allreduce_nodes(command: List[str], num_workers: int, env: Mapping[str, str],
                           port: int, root_uri: str, launch_id: str, python: str,
-                          slots: Sequence[str], remote: RemoteWorker) -> List[Node]:
-    """The rendezvous service here, then worker i on ``slots[i % len(slots)]``
-    built by ``remote(index, host, argv, env)``."""
+                          slots: Sequence[str], cwd: str, heartbeat: float,
+                          launch_on: SlotLauncher) -> List[Node]:
+    """The rendezvous service here, then worker i on ``slots[i % len(slots)]``,
+    reached through ``launch_on(i, slot)`` and run in ``cwd`` under the
+    watchdog (``heartbeat``), as every remote node."""
     hosts = [slots[i % len(slots)] for i in range(num_workers)]
     rendezvous_env = dict(os.environ)
     rendezvous_env.update(NODE_DEFAULTS)
@@ -81,5 +84,9 @@ def build_allreduce_nodes(command: List[str], num_workers: int, env: Mapping[str
         node_env[ssh.JOB_ID_ENV] = launch_id
         node_env[WORKER_INDEX_ENV] = str(index)
         with_worker_site(node_env)
-        nodes.append(remote(index, host, wrapper + list(command), node_env))
+        line = ssh.remote_command(cwd, node_env, python, wrapper + list(command),
+                                  grace=TERM_GRACE_S, heartbeat=heartbeat)
+        argv, where = launch_on(index, host)
+        nodes.append(Node("worker", index, argv, node_env, host=where,
+                          remote_command=line))
     return nodes

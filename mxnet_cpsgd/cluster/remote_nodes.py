@@ -25,14 +25,12 @@ def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
     hosts = cluster.hosts
     cwd = cluster.copy_to or os.getcwd()
     if allreduce:
-        def remote(index, name, argv, node_env):
+        def launch_on(index, name):
             host = hosts[index % len(hosts)]
-            line = ssh.remote_command(cwd, node_env, cluster.python, argv,
-                                      grace=TERM_GRACE_S, heartbeat=heartbeat)
-            return Node("worker", index, cluster.ssh.argv(host), node_env, host=host,
-                        remote_command=line)
+            return cluster.ssh.argv(host), host
         return build_allreduce_nodes(command, num_workers, env, port, root_uri, job_id,
-                                     cluster.python, [h.name for h in hosts], remote)
+                                     cluster.python, [h.name for h in hosts], cwd,
+                                     heartbeat, launch_on)
     roles = [("scheduler", 0)] + [("server", i) for i in range(num_servers)] \
         + [("worker", i) for i in range(num_workers)]
     nodes = []

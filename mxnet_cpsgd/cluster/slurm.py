@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mxnet_cpsgd.cluster import ssh
 from mxnet_cpsgd.cluster.allreduce_nodes import build_allreduce_nodes
-from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S, Node, free_port
+from mxnet_cpsgd.cluster.nodes import Node, free_port
 from mxnet_cpsgd.cluster.step_nodes import build_step_nodes
 
 #: what every step of one launch is named (plus the launch's id)
@@ -192,14 +192,11 @@ def build_nodes(command: List[str], num_workers: int, num_servers: int,
     step = STEP_NAME_PREFIX + launch_id
     if allreduce:
         cwd = os.getcwd()
-
-        def remote(index, node, argv, node_env):
-            line = ssh.remote_command(cwd, node_env, cluster.python, argv,
-                                      grace=TERM_GRACE_S, heartbeat=heartbeat)
-            return Node("worker", index, srun_argv(cluster, node, step, cwd) + ["sh", "-c"],
-                        node_env, host=ssh.Host(node), remote_command=line)
-        return build_allreduce_nodes(command, num_workers, env, port, root_uri, launch_id,
-                                     cluster.python, cluster.slots, remote)
+        return build_allreduce_nodes(
+            command, num_workers, env, port, root_uri, launch_id, cluster.python,
+            cluster.slots, cwd, heartbeat,
+            lambda index, node: (srun_argv(cluster, node, step, cwd) + ["sh", "-c"],
+                                 ssh.Host(node)))
     return build_step_nodes(command, num_workers, num_servers, env, port, root_uri,
                             launch_id, heartbeat, cluster.python, cluster.slots,
                             cluster.addresses.__getitem__,
