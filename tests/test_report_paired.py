@@ -296,7 +296,14 @@ def test_equivalence_is_tost_at_the_margin(diffs, margin):
     se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1)) / math.sqrt(n)
     p_low = stats.t.sf((mean + margin) / se, n - 1)
     p_high = stats.t.cdf((mean - margin) / se, n - 1)
-    expected = "equivalent" if max(p_low, p_high) < 0.05 else "not shown equivalent"
+    if max(p_low, p_high) < 0.05:
+        expected = "equivalent"
+    elif p_low < 0.05:      # not worse by the margin; a larger gain not excluded
+        expected = "not shown equivalent (upper end above +%g)" % margin
+    elif p_high < 0.05:
+        expected = "not shown equivalent (lower end below -%g)" % margin
+    else:
+        expected = "not shown equivalent (both ends outside +-%g)" % margin
     assert d.equivalence(margin) == expected
     lo, hi = d.ci90
     half = stats.t.ppf(0.95, n - 1) * se
@@ -308,7 +315,12 @@ def test_equivalence_outcomes_and_bad_margin():
     wide = paired.PairedDiff("e", 2, None, "a", "b", [1, 2, 3], [0.9, -0.9, 0.1])
     one = paired.PairedDiff("e", 2, None, "a", "b", [1], [0.0])
     assert eq.equivalence(0.5) == "equivalent"
-    assert wide.equivalence(0.5) == "not shown equivalent"
+    assert wide.equivalence(0.5) == "not shown equivalent (both ends outside +-0.5)"
+    above = paired.PairedDiff("e", 2, None, "a", "b", [1, 2, 3, 4, 5],
+                              [0.54, -0.28, -0.15, 0.34, 0.50])
+    assert above.equivalence(0.5) == "not shown equivalent (upper end above +0.5)"
+    below = paired.PairedDiff("e", 2, None, "a", "b", [1, 2, 3], [-0.60, -0.70, -0.65])
+    assert below.equivalence(0.5) == "not shown equivalent (lower end below -0.5)"
     assert wide.verdict == "not distinguishable"      # an interval with 0 is not "equal"
     assert one.equivalence(0.5) == "one seed: no interval"
     # a seed count fixed before the runs: fewer pairs leave the verdict open
@@ -333,8 +345,11 @@ def test_report_shows_tost_at_the_spec_margin(root):
         n, mean = len(d), sum(d) / len(d)
         se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
         half = stats.t.ppf(0.95, n - 1) * se
-        verdict = ("equivalent" if -0.5 < mean - half and mean + half < 0.5
-                   else "not shown equivalent")
+        inside = (-0.5 < mean - half, mean + half < 0.5)
+        verdict = {(True, True): "equivalent",
+                   (True, False): "not shown equivalent (upper end above +0.5)",
+                   (False, True): "not shown equivalent (lower end below -0.5)",
+                   (False, False): "not shown equivalent (both ends outside +-0.5)"}[inside]
         line = next(l for l in md.splitlines()
                     if l.startswith("| m2 | 2 | loopback | %s | %s |" % (label, ref)))
         assert line.endswith("| [%+.2f, %+.2f] | %s |" % (mean - half, mean + half, verdict))

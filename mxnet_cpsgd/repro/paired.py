@@ -88,7 +88,8 @@ class PairedDiff:
 
     def equivalence(self, margin: float, min_seeds: int = 2) -> str:
         """TOST at +-``margin`` points: 'equivalent' when the 90 % interval lies inside
-        [-margin, +margin], 'not shown equivalent' otherwise (too wide or off-centre),
+        [-margin, +margin], 'not shown equivalent (...)' otherwise, naming the end(s) of the
+        interval outside the margin (the one-sided test(s) that failed),
         'one seed: no interval' with one seed; with fewer than ``min_seeds`` pairs (a
         number fixed before the runs) the test is not decided yet, whatever the interval."""
         if margin <= 0:
@@ -98,9 +99,16 @@ class PairedDiff:
             return "one seed: no interval"
         if self.n < min_seeds:
             return "not decided (%d of %d seeds)" % (self.n, min_seeds)
-        if -margin < ci[0] and ci[1] < margin:
+        low_inside, high_inside = -margin < ci[0], ci[1] < margin
+        if low_inside and high_inside:
             return "equivalent"
-        return "not shown equivalent"
+        # which one-sided test failed tells a user more than the bare verdict: a lower
+        # end inside the margin still shows "not worse by the margin"
+        if low_inside:
+            return "not shown equivalent (upper end above %+g)" % margin
+        if high_inside:
+            return "not shown equivalent (lower end below %+g)" % -margin
+        return "not shown equivalent (both ends outside +-%g)" % margin
 
     @property
     def not_trained(self) -> List[object]:

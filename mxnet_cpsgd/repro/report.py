@@ -358,8 +358,10 @@ def equivalence_note(margin: float, min_seeds: int = 2) -> str:
     return ("Equivalence is decided by two one-sided tests (TOST) at the margin the spec "
             "fixed before the runs, +-%g points: \"equivalent\" when the 90 %% confidence "
             "interval of the mean paired difference lies inside [-%g, +%g]; an interval "
-            "that includes 0 is not enough.%s" % (
-                margin, margin, margin,
+            "that includes 0 is not enough. Otherwise the column names the end outside "
+            "the margin: with only the upper end above +%g the run is not worse than its "
+            "reference by the margin (that one-sided test passed).%s" % (
+                margin, margin, margin, margin,
                 " The verdict waits for %d paired seeds (the spec's "
                 "`equivalence_min_seeds`): with fewer it says \"not decided\"." % min_seeds
                 if min_seeds > 2 else ""))
