@@ -8,7 +8,8 @@ RESULTS: a results.json that cpsgd-bench wrote, or the results .md it wrote
 worker count are one point: the mean of their ms per iteration, with a bar from the
 fastest to the slowest invocation.  Writes time_vs_workers-dilated.png and
 throughput_vs_workers-dilated.png (samples/s of all workers, with the ideal line
-workers x batch / compute-only time) and prints the points as a markdown table.
+workers x batch / compute-only time) and prints every invocation's ms per iteration
+and efficiency (its compute-only time / ms) as a markdown table.
 """
 import argparse
 import json
@@ -46,16 +47,19 @@ def read_results(path):
 
 
 def collect(paths, algorithms):
-    """{workers: {algorithm: [ms, ...]}}, {workers: batch}, {workers: 'rate xD'}."""
+    """{workers: {algorithm: [ms, ...]}}, {workers: batch}, {workers: 'rate xD'},
+    {workers: [{algorithm: ms} of each invocation]}."""
     points, batch, labels = defaultdict(lambda: defaultdict(list)), {}, defaultdict(set)
+    invocations = defaultdict(list)
     for path in paths:
         n, b, scale, rate, times = read_results(path)
         batch[n] = b
         labels[n].add("%s x%d" % (rate, scale))
+        invocations[n].append(times)
         for algorithm, ms in times.items():
             if algorithm == COMPUTE or algorithm in algorithms:
                 points[n][algorithm].append(ms)
-    return points, batch, {n: ", ".join(sorted(v)) for n, v in labels.items()}
+    return points, batch, {n: ", ".join(sorted(v)) for n, v in labels.items()}, invocations
 
 
 def plot(points, batch, labels, algorithms, out_dir):
@@ -98,15 +102,25 @@ def plot(points, batch, labels, algorithms, out_dir):
         plt.close(fig)
 
 
-def table(points, labels, algorithms):
-    workers = sorted(points)
+def table(invocations, labels, algorithms):
+    """Per worker count and algorithm: every invocation's ms per iteration and, in
+    brackets, its efficiency (that invocation's compute-only time / ms)."""
+    workers = sorted(invocations)
     lines = ["| algorithm | " + " | ".join("%d workers (%s)" % (n, labels[n]) for n in workers)
              + " |", "|---|" + "---:|" * len(workers)]
     for algorithm in [COMPUTE] + algorithms:
         cells = []
         for n in workers:
-            vs = points[n].get(algorithm)
-            cells.append(" / ".join("%.1f" % v for v in vs) if vs else "-")
+            runs = [t for t in invocations[n] if algorithm in t]
+            if not runs:
+                cells.append("-")
+                continue
+            ms = " / ".join("%.1f" % t[algorithm] for t in runs)
+            if algorithm == COMPUTE or not all(COMPUTE in t for t in runs):
+                cells.append(ms)
+            else:
+                cells.append("%s (%s)" % (ms, " / ".join(
+                    "%.2f" % (t[COMPUTE] / t[algorithm]) for t in runs)))
         lines.append("| %s | %s |" % (algorithm, " | ".join(cells)))
     return "\n".join(lines)
 
@@ -118,9 +132,9 @@ def main(argv=None):
     parser.add_argument("--out-dir", default=".")
     args = parser.parse_args(argv)
     algorithms = args.algorithms.split(",")
-    points, batch, labels = collect(args.results, algorithms)
+    points, batch, labels, invocations = collect(args.results, algorithms)
     plot(points, batch, labels, algorithms, args.out_dir)
-    print(table(points, labels, algorithms))
+    print(table(invocations, labels, algorithms))
 
 
 if __name__ == "__main__":
