@@ -32,7 +32,7 @@ from mxnet_cpsgd.stores.policies.base import SYNC_SGD
 class CPSGDNoCorrPolicy(CPSGD):
     name = "cpsgdnocorr"
 
-    def plan(self, step):
+    def plan(self, step, key=None):
         return SYNC_SGD if self.in_warmup(step) else _COMPRESSED
 
 
@@ -61,7 +61,7 @@ class CPSGDStaggerPolicy(CPSGD):
     name = "cpsgdstagger"
     key_phase = 0
 
-    def plan(self, step):
+    def plan(self, step, key=None):
         if self.in_warmup(step):
             return SYNC_SGD
         if (step + 1 + self.key_phase) % self.config.correction_period == 0:
@@ -173,11 +173,17 @@ class EngineBarrier:
         with self._cond:
             held = self._cond.wait_for(lambda: self._entered == self.threads,
                                        self.timeout_s)
-        self.wait_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.wait_s += waited
         if held:
             self.held += 1
         else:
             self.fallbacks += 1
+        # one line per correction round (the bench workers leave with os._exit, so
+        # an atexit summary would never be written)
+        sys.stderr.write("engine barrier: %s after %.1f ms (held %d, fallbacks %d)\n"
+                         % ("held" if held else "FALLBACK to the wait", 1e3 * waited,
+                            self.held, self.fallbacks))
         return held
 
     def release(self):

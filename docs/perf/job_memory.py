@@ -4,8 +4,10 @@
 
 Every --every seconds until BENCH_PID exits: the summed resident memory (VmRSS)
 of BENCH_PID and all its descendants (launcher, scheduler, servers, workers),
-how many they are, and the machine's used memory (MemTotal - MemAvailable, other
-users' jobs included).  The last line is the maxima.  Reads /proc only.
+how many they are, the machine's used memory (MemTotal - MemAvailable, other
+users' jobs included), and the largest peak resident memory (VmHWM) of one worker
+and of one server process (by their DMLC_ROLE).  The last line is the maxima.
+Reads /proc only.
 """
 import argparse
 import os
@@ -26,22 +28,37 @@ def children_map():
     return kids
 
 
+def role_of(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"DMLC_ROLE="):
+                    return item.split(b"=", 1)[1].decode()
+    except OSError:
+        pass
+    return None
+
+
 def tree_rss_kb(root):
+    """(summed VmRSS, processes, {role: largest VmHWM}) of root and its descendants."""
     kids = children_map()
-    todo, total, count = [root], 0, 0
+    todo, total, count, peaks = [root], 0, 0, {}
     while todo:
         pid = todo.pop()
         todo.extend(kids.get(pid, []))
         try:
             with open("/proc/%d/status" % pid) as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-                        count += 1
-                        break
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-    return total, count
+        if "VmRSS" not in fields:
+            continue
+        total += int(fields["VmRSS"].split()[0])
+        count += 1
+        role = role_of(pid)
+        if role in ("worker", "server"):
+            peaks[role] = max(peaks.get(role, 0), int(fields["VmHWM"].split()[0]))
+    return total, count, peaks
 
 
 def machine_used_kb():
@@ -59,16 +76,23 @@ def main():
     p.add_argument("--every", type=float, default=5.0)
     args = p.parse_args()
     peak_tree = peak_machine = peak_count = 0
-    print("time\tjob_rss_mb\tprocesses\tmachine_used_mb", flush=True)
+    peak_role = {"worker": 0, "server": 0}
+    print("time\tjob_rss_mb\tprocesses\tmachine_used_mb\tworker_hwm_mb\tserver_hwm_mb",
+          flush=True)
     while os.path.exists("/proc/%d" % args.pid):
-        rss, count = tree_rss_kb(args.pid)
+        rss, count, peaks = tree_rss_kb(args.pid)
         used = machine_used_kb()
         peak_tree, peak_machine = max(peak_tree, rss), max(peak_machine, used)
         peak_count = max(peak_count, count)
-        print("%s\t%.0f\t%d\t%.0f" % (time.strftime("%H:%M:%S", time.gmtime()), rss / 1024,
-                                      count, used / 1024), flush=True)
+        for role in peak_role:
+            peak_role[role] = max(peak_role[role], peaks.get(role, 0))
+        print("%s\t%.0f\t%d\t%.0f\t%.0f\t%.0f" % (
+            time.strftime("%H:%M:%S", time.gmtime()), rss / 1024, count, used / 1024,
+            peaks.get("worker", 0) / 1024, peaks.get("server", 0) / 1024), flush=True)
         time.sleep(args.every)
-    print("max\t%.0f\t%d\t%.0f" % (peak_tree / 1024, peak_count, peak_machine / 1024))
+    print("max\t%.0f\t%d\t%.0f\t%.0f\t%.0f" % (
+        peak_tree / 1024, peak_count, peak_machine / 1024, peak_role["worker"] / 1024,
+        peak_role["server"] / 1024))
 
 
 if __name__ == "__main__":
