@@ -279,6 +279,18 @@ def test_t90_matches_scipy():
         paired.t90(0)
 
 
+def tost_wording(lower_passes, upper_passes, margin):
+    """The verdict the report should print, given which one-sided test passed (lower:
+    H0 mean <= -margin rejected; upper: H0 mean >= +margin rejected)."""
+    if lower_passes and upper_passes:
+        return "equivalent"
+    if lower_passes:        # not worse by the margin; a larger gain not excluded
+        return "not shown equivalent (upper end above +%g)" % margin
+    if upper_passes:
+        return "not shown equivalent (lower end below -%g)" % margin
+    return "not shown equivalent (both ends outside +-%g)" % margin
+
+
 @pytest.mark.parametrize("diffs, margin", [
     ([0.10, -0.05, 0.20, 0.00, 0.05], 0.5),    # tight around 0: equivalent
     ([0.10, -0.40, 0.60, 0.00, 0.30], 0.5),    # centred but wide
@@ -296,15 +308,7 @@ def test_equivalence_is_tost_at_the_margin(diffs, margin):
     se = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1)) / math.sqrt(n)
     p_low = stats.t.sf((mean + margin) / se, n - 1)
     p_high = stats.t.cdf((mean - margin) / se, n - 1)
-    if max(p_low, p_high) < 0.05:
-        expected = "equivalent"
-    elif p_low < 0.05:      # not worse by the margin; a larger gain not excluded
-        expected = "not shown equivalent (upper end above +%g)" % margin
-    elif p_high < 0.05:
-        expected = "not shown equivalent (lower end below -%g)" % margin
-    else:
-        expected = "not shown equivalent (both ends outside +-%g)" % margin
-    assert d.equivalence(margin) == expected
+    assert d.equivalence(margin) == tost_wording(p_low < 0.05, p_high < 0.05, margin)
     lo, hi = d.ci90
     half = stats.t.ppf(0.95, n - 1) * se
     assert lo == pytest.approx(mean - half, abs=1e-3) and hi == pytest.approx(mean + half, abs=1e-3)
@@ -345,11 +349,7 @@ def test_report_shows_tost_at_the_spec_margin(root):
         n, mean = len(d), sum(d) / len(d)
         se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
         half = stats.t.ppf(0.95, n - 1) * se
-        inside = (-0.5 < mean - half, mean + half < 0.5)
-        verdict = {(True, True): "equivalent",
-                   (True, False): "not shown equivalent (upper end above +0.5)",
-                   (False, True): "not shown equivalent (lower end below -0.5)",
-                   (False, False): "not shown equivalent (both ends outside +-0.5)"}[inside]
+        verdict = tost_wording(-0.5 < mean - half, mean + half < 0.5, 0.5)
         line = next(l for l in md.splitlines()
                     if l.startswith("| m2 | 2 | loopback | %s | %s |" % (label, ref)))
         assert line.endswith("| [%+.2f, %+.2f] | %s |" % (mean - half, mean + half, verdict))
