@@ -21,7 +21,7 @@ RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "
 #: top-level / experiment keys
 EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates", "seeds", "runs",
                    "labels", "num_servers", "job_timeout", "timeout", "description",
-                   "checkpoint_every",
+                   "checkpoint_every", "equivalence_min_seeds",
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
