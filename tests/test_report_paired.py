@@ -380,6 +380,36 @@ def test_report_waits_for_the_spec_min_seeds(root):
     assert line.endswith("| not decided (%d of 99 seeds) |" % n)
 
 
+def test_an_experiment_sets_its_own_min_seeds(root):
+    """An experiment's own equivalence_min_seeds decides its rows (the spec's waits for
+    99 here, the experiment's for the pairs it has); the note names both."""
+    n = len(set(FINAL["k5"]) & set(FINAL["SSGD"]))
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"equivalence_margin": 0.5, "equivalence_min_seeds": 99,
+                   "experiments": [{"name": "m2", "equivalence_min_seeds": n}]}, f)
+    md = report.generate(root, plots=False).markdown
+    assert "waits for 99 paired seeds" in md
+    assert "for experiment m2, %d (its own" % n in md
+    line = next(l for l in md.splitlines() if l.startswith("| m2 | 2 | loopback | k5 | SSGD |"))
+    assert "not decided" not in line
+    # one seed more than the pairs there are: not decided, for this experiment's rows
+    with open(os.path.join(root, "reproduce.json"), "w") as f:
+        json.dump({"equivalence_margin": 0.5,
+                   "experiments": [{"name": "m2", "equivalence_min_seeds": n + 1}]}, f)
+    md = report.generate(root, plots=False).markdown
+    line = next(l for l in md.splitlines() if l.startswith("| m2 | 2 | loopback | k5 | SSGD |"))
+    assert line.endswith("| not decided (%d of %d seeds) |" % (n, n + 1))
+
+
+def test_spec_refuses_a_bad_experiment_min_seeds():
+    from mxnet_cpsgd.repro import spec as spec_mod
+    exp = {"name": "e", "runs": [{"label": "S", "algorithm": "ssgd"}]}
+    base = {"script": "scripts/train_mnist.py", "experiments": [dict(exp, equivalence_min_seeds=1)]}
+    with pytest.raises(spec_mod.SpecError, match="equivalence_min_seeds.*experiment 'e'"):
+        spec_mod.validate_spec(base)
+    spec_mod.validate_spec(dict(base, experiments=[dict(exp, equivalence_min_seeds=3)]))
+
+
 @pytest.mark.parametrize("value", [1, 0, 2.5, "5", True])
 def test_spec_refuses_a_bad_equivalence_min_seeds(value):
     from mxnet_cpsgd.repro import spec as spec_mod

@@ -166,7 +166,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "in their logs)." % ", ".join(sorted(timing_only)), ""]
 
     margin = meta.get("equivalence_margin")
-    min_seeds = meta.get("equivalence_min_seeds") or 2
+    min_seeds = min_seeds_by_experiment(meta)
     pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
     if pairs:
         md += ["## Seed-paired differences to S-SGD", ""]
@@ -353,24 +353,51 @@ def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,
     return out
 
 
-def equivalence_note(margin: float, min_seeds: int = 2) -> str:
-    """How the equivalence column is decided."""
+def min_seeds_by_experiment(meta: Dict[str, object]) -> Dict[Optional[str], int]:
+    """Paired seeds each experiment's equivalence verdict waits for: its own
+    ``equivalence_min_seeds``, else the spec's (key None), else 2."""
+    default = meta.get("equivalence_min_seeds") or 2
+    out: Dict[Optional[str], int] = {None: default}
+    for exp in meta.get("experiments") or []:
+        if isinstance(exp, dict) and exp.get("equivalence_min_seeds"):
+            out[exp.get("name")] = exp["equivalence_min_seeds"]
+    return out
+
+
+def _min_seeds_for(min_seeds, experiment: str) -> int:
+    if isinstance(min_seeds, int):
+        return min_seeds
+    return min_seeds.get(experiment, min_seeds[None])
+
+
+def equivalence_note(margin: float, min_seeds=2) -> str:
+    """How the equivalence column is decided (``min_seeds``: a number, or a mapping as
+    min_seeds_by_experiment returns)."""
+    if isinstance(min_seeds, int):
+        min_seeds = {None: min_seeds}
+    default = min_seeds[None]
+    own = sorted((name, n) for name, n in min_seeds.items() if name is not None and n != default)
+    waits = ""
+    if default > 2 or own:
+        waits = (" The verdict waits for %d paired seeds (the spec's "
+                 "`equivalence_min_seeds`)%s: with fewer it says \"not decided\"." % (
+                     default, "".join("; for experiment %s, %d (its own, fixed with the "
+                                      "margin before its runs)" % (name, n)
+                                      for name, n in own)))
     return ("Equivalence is decided by two one-sided tests (TOST) at the margin the spec "
             "fixed before the runs, +-%g points: \"equivalent\" when the 90 %% confidence "
             "interval of the mean paired difference lies inside [-%g, +%g]; an interval "
             "that includes 0 is not enough. Otherwise the column names the end outside "
             "the margin: with only the upper end above +%g the run is not worse than its "
             "reference by the margin (that one-sided test passed).%s" % (
-                margin, margin, margin, margin,
-                " The verdict waits for %d paired seeds (the spec's "
-                "`equivalence_min_seeds`): with fewer it says \"not decided\"." % min_seeds
-                if min_seeds > 2 else ""))
+                margin, margin, margin, margin, waits))
 
 
 def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None,
-                    min_seeds: int = 2) -> str:
+                    min_seeds=2) -> str:
     """The paired differences as a table (points); with ``margin``, also the 90 %
-    interval and the TOST verdict at +-margin points (decided from ``min_seeds`` pairs)."""
+    interval and the TOST verdict at +-margin points (decided from ``min_seeds`` pairs:
+    a number, or a mapping per experiment as min_seeds_by_experiment returns)."""
     rows = []
     for d in pairs:
         ci = d.ci
@@ -379,7 +406,7 @@ def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None,
                "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict]
         if margin:
             ci90 = d.ci90
-            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin, min_seeds)]
+            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin, _min_seeds_for(min_seeds, d.experiment))]
         rows.append(row)
     header = ["experiment", "M", "network", "run", "vs", "pairs", "seeds",
               "mean diff (points)", "95 % CI", "verdict"]

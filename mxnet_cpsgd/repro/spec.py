@@ -123,11 +123,15 @@ def validate_spec(spec: Dict[str, object]) -> None:
                                or not margin > 0):
         raise SpecError("'equivalence_margin' must be a positive number of accuracy points "
                         "(fixed before the runs), got %r" % (margin,))
-    min_seeds = spec.get("equivalence_min_seeds")
-    if min_seeds is not None and (isinstance(min_seeds, bool) or not isinstance(min_seeds, int)
-                                  or min_seeds < 2):
-        raise SpecError("'equivalence_min_seeds' must be a whole number of paired seeds >= 2 "
-                        "(fixed before the runs), got %r" % (min_seeds,))
+    # the spec's own value, and an experiment's that overrides it for its rows
+    for where in [spec] + [e for e in spec.get("experiments") or [] if isinstance(e, dict)]:
+        min_seeds = where.get("equivalence_min_seeds")
+        if min_seeds is not None and (isinstance(min_seeds, bool)
+                                      or not isinstance(min_seeds, int) or min_seeds < 2):
+            raise SpecError("'equivalence_min_seeds' must be a whole number of paired seeds "
+                            ">= 2 (fixed before the runs), got %r%s" % (
+                                min_seeds, " in experiment %r" % where.get("name")
+                                if where is not spec else ""))
 
 
 def _positive(value) -> bool:
