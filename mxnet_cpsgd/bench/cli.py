@@ -176,6 +176,11 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
     changing how they are derived); the measured runs are not touched."""
     with open(path) as f:
         result = json.load(f)
+    if "runs" not in result:
+        # e.g. the results.json kept in docs/perf/, reduced to what --plot-workers reads
+        print("cpsgd-bench: error: %s has no 'runs' (the jobs' own records) to recompute "
+              "from; --plot-workers can still read it" % path, file=sys.stderr)
+        return 2
     result["rows"], result["compute_ms"] = analyse(result["runs"],
                                                    result["config"]["num_servers"],
                                                    result["config"].get("variants"))

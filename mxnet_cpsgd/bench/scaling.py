@@ -62,7 +62,9 @@ def group_by_workers(results: Sequence[dict],
 
 
 def _shown(value) -> str:
-    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "%g" % value if isinstance(value, (int, float)) else str(value)
 
 
 def several_per_worker_count(results: Sequence[dict]) -> bool:
@@ -108,8 +110,9 @@ def column_title(n: int, members: List[dict]) -> str:
 
 def summary_table(groups: Dict[int, List[dict]]) -> str:
     """Markdown: a row per algorithm, a column per worker count; a cell holds
-    every invocation's ms per iteration ("a / b", in the order given) and, in
-    brackets, each one's efficiency (its own compute-only time / its ms)."""
+    every invocation's ms per iteration ("a / b", in the order given; "-" for
+    one that did not run it) and, in brackets, each one's efficiency (its own
+    compute-only time / its ms)."""
     labels, times = collect(groups)
     workers = sorted(groups)
     lines = ["| algorithm | " + " | ".join(column_title(n, groups[n]) for n in workers) + " |",
@@ -117,16 +120,17 @@ def summary_table(groups: Dict[int, List[dict]]) -> str:
     for label in labels:
         cells = []
         for n in workers:
-            runs = [t for t in times[n] if label in t]
-            if not runs:
+            if not any(label in t for t in times[n]):
                 cells.append("-")
                 continue
-            ms = " / ".join(fmt_value(t[label]) for t in runs)
-            if label == COMPUTE_LABEL or not all(COMPUTE_LABEL in t for t in runs):
+            ms = " / ".join(fmt_value(t.get(label)) for t in times[n])
+            if label == COMPUTE_LABEL or not any(COMPUTE_LABEL in t and label in t
+                                                 for t in times[n]):
                 cells.append(ms)
             else:
                 cells.append("%s (%s)" % (ms, " / ".join(
-                    fmt_value(t[COMPUTE_LABEL] / t[label], "%.2f") for t in runs)))
+                    fmt_value(t[COMPUTE_LABEL] / t[label] if COMPUTE_LABEL in t
+                              and label in t else None, "%.2f") for t in times[n])))
         lines.append("| %s | %s |" % (label, " | ".join(cells)))
     return "\n".join(lines)
 
