@@ -24,6 +24,7 @@ FAST = {
                       "test_emulated_compute_releases_layers_in_reverse_order",
                       "test_summarize_*", "test_bench_rejects_bad_time_scale",
                       "test_plot_workers_scaling_table_and_throughput"],
+    "test_bench_scaling.py": ["*"],
     "test_checkpoints.py": ["test_unwritable_checkpoint_dir_is_an_error_before_training"],
     "test_compressors.py": ["test_bad_knobs_fail_before_the_first_step",
                             "test_stores_are_registered"],

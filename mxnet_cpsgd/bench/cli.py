@@ -11,7 +11,8 @@ Usage::
 ``--algorithms`` also takes variants ``LABEL=STORE[:KNOB=VALUE...]`` (e.g.
 ``k2=cpsgd:correction_period=2``): the store with its own knobs, named LABEL in
 every table, file and plot (docs/performance.md).
-    cpsgd-bench --plot-workers A/results.json B/results.json --out-dir DIR
+    cpsgd-bench --plot-workers A/results.json B/results.json ... --out-dir DIR
+        [--algorithms ssgd,cpsgd]   # several files of one -n: their mean and spread
 
 Placement (``--placement``): ``colocated`` (default) gives every worker its own
 emulated host (network namespace) that also runs one server, the scheduler on
@@ -175,6 +176,11 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
     changing how they are derived); the measured runs are not touched."""
     with open(path) as f:
         result = json.load(f)
+    if "runs" not in result:
+        # e.g. the results.json kept in docs/perf/, reduced to what --plot-workers reads
+        print("cpsgd-bench: error: %s has no 'runs' (the jobs' own records) to recompute "
+              "from; --plot-workers can still read it" % path, file=sys.stderr)
+        return 2
     result["rows"], result["compute_ms"] = analyse(result["runs"],
                                                    result["config"]["num_servers"],
                                                    result["config"].get("variants"))
@@ -197,25 +203,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
     if args.plot_workers:
-        from .output import plot_throughput_vs_workers, plot_vs_workers, scaling_table
+        from .scaling import plot_workers
         if not plotting_available():
             parser.error("--plot-workers needs matplotlib: pip install 'mxnet-cpsgd[examples]'")
-        results = []
-        for path in args.plot_workers:
-            with open(path) as f:
-                results.append(json.load(f))
         out_dir = args.out_dir or "."
-        os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "time_vs_workers.png")
-        plot_vs_workers(results, path)
-        throughput = os.path.join(out_dir, "throughput_vs_workers.png")
-        plot_throughput_vs_workers(results, throughput)
-        table = scaling_table(results)
-        with open(os.path.join(out_dir, "scaling.md"), "w") as f:
-            f.write(table + "\n")
+        algorithms = [a.split("=", 1)[0].strip() for a in (args.algorithms or "").split(",")
+                      if a.strip()]
+        try:
+            table = plot_workers(args.plot_workers, out_dir, algorithms)
+        except BenchError as err:
+            parser.error(str(err))
         print(table)
-        print(path)
-        print(throughput)
+        print(os.path.join(out_dir, "time_vs_workers.png"))
+        print(os.path.join(out_dir, "throughput_vs_workers.png"))
         return 0
     try:
         validate(args)

@@ -50,14 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="queue discipline of the shaped links: fifo (default; one FIFO "
                         "per link direction) or fair (the TCP flows of a link share its "
                         "rate, like a Linux host's fq_codel)")
-    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+    p.add_argument("--algorithms", default=None,
                    help="comma-separated store names (default %s); '%s' adds MXNet's own "
                         "dist_sync store as a baseline. A variant LABEL=STORE[:KNOB=VALUE"
                         "...] runs STORE with its own knobs under LABEL, e.g. "
                         "k2=cpsgd:correction_period=2 (they override --threshold, "
                         "--correction-period, --algo-warmup-steps); ratios such as "
-                        "/bitsgd divide by the first variant of that store without knobs"
-                        % (DEFAULT_ALGORITHMS, STOCK_SYNC))
+                        "/bitsgd divide by the first variant of that store without knobs; "
+                        "with --plot-workers: the labels to plot, in this order (default "
+                        "every one in the results)" % (DEFAULT_ALGORITHMS, STOCK_SYNC))
     p.add_argument("--iters", type=int, default=30, help="timed iterations (default 30)")
     p.add_argument("--warmup-iters", type=int, default=10,
                    help="discarded iterations before timing (default 10)")
@@ -99,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not run anything: plot time per iteration and throughput "
                         "against workers from several results.json (e.g. -n 2 and -n 4) "
                         "into --out-dir (time_vs_workers.png, throughput_vs_workers.png "
-                        "with the ideal line, scaling.md: efficiency = compute / iteration)")
+                        "with the ideal line, scaling.md: efficiency = compute / iteration); "
+                        "several files with the same -n (and the same rates, time scale, "
+                        "model, batch, servers, placement, queue and emulated compute) are "
+                        "one point: their mean, bars from the fastest to the slowest, and "
+                        "scaling.md lists each one's time and efficiency as 'a / b'")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -151,11 +156,14 @@ def validate(args: argparse.Namespace) -> None:
                    if getattr(cls, "policy_class", None) is not None or is_allreduce(cls))
     args.allreduce_algorithms = sorted(name for name in known
                                        if is_allreduce(mx.kv.KVStoreBase.kv_registry[name]))
+    chosen = args.algorithms is not None
+    if not chosen:
+        args.algorithms = DEFAULT_ALGORITHMS
     variants = parse_variants(args.algorithms)
     import importlib.util
     if importlib.util.find_spec("horovod") is None:
         wanted = [v.label for v in variants if v.store in args.allreduce_algorithms]
-        if wanted and args.algorithms != DEFAULT_ALGORITHMS:
+        if wanted and chosen:
             raise BenchError("%s need Horovod (horovod.mxnet), which is not installed"
                              % ", ".join(wanted))
         if wanted:
