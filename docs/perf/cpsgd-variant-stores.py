@@ -11,6 +11,8 @@ cpsgdstagger: every key corrects every K steps, keys spread over the K phases by
     cpsgdstaggernowait: the same without the wait (unsafe, like cpsgdnowait).
 cpsgdbarrier, cpsgdstaggerbarrier: cpsgd and cpsgdstagger with the flip guarded by an
     engine barrier instead of the wait (safe; see the comment above EngineBarrier).
+cpsgddefer: cpsgd that issues the compressed round right after a correction round
+    only once the correction round's pulls have landed (same numbers, other timing).
 """
 import atexit
 import ctypes
@@ -26,7 +28,7 @@ from mxnet.base import _LIB, check_call
 
 from mxnet_cpsgd.stores.parameter_server import PolicyStore
 from mxnet_cpsgd.stores.policies.cpsgd import CPSGD, _COMPRESSED, _CORRECTION
-from mxnet_cpsgd.stores.policies.base import SYNC_SGD
+from mxnet_cpsgd.stores.policies.base import SYNC_SGD, Push
 
 
 class CPSGDNoCorrPolicy(CPSGD):
@@ -247,3 +249,32 @@ class cpsgdstaggerbarrier(_BarrierMixin, cpsgdstagger):
 
 for _cls in (cpsgdbarrier, cpsgdstaggerbarrier):
     mx.kv.KVStoreBase.kv_registry[_cls.__name__] = _cls
+
+
+# ----------------------------------------------------------- deferred compressed round
+class CPSGDDeferPolicy(CPSGD):
+    name = "cpsgddefer"
+
+
+class cpsgddefer(PolicyStore):
+    """cpsgd whose first compressed round after a correction round is issued only
+    once the correction round's pulls have landed (the same computation; only
+    when the pushes leave changes). The next forward needs those pulls through
+    the local update anyway, and that compressed round's pulls are needed one
+    step later, so the dense pulls get the links without the compressed round's
+    pull responses (as large as theirs: the servers answer with float32 weights)."""
+    policy_class = CPSGDDeferPolicy
+    _after_dense = False
+    deferred = 0
+
+    def _flush_step(self):
+        items = list(self._pending.values())
+        if (self._after_dense and self._switch is not None
+                and any(it.plan.push is Push.COMPRESSED for it in items)):
+            self._wait_for_pulls()
+            self.deferred += 1
+        self._after_dense = any(it.plan.push is Push.DENSE for it in items)
+        super()._flush_step()
+
+
+mx.kv.KVStoreBase.kv_registry["cpsgddefer"] = cpsgddefer
