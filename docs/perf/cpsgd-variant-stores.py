@@ -13,6 +13,9 @@ cpsgdbarrier, cpsgdstaggerbarrier: cpsgd and cpsgdstagger with the flip guarded 
     engine barrier instead of the wait (safe; see the comment above EngineBarrier).
 cpsgddefer: cpsgd that issues the compressed round right after a correction round
     only once the correction round's pulls have landed (same numbers, other timing).
+cpsgdalign: cpsgd whose correction round's dense pushes wait, after the store's own
+    wait for its pulls, for a worker barrier (same numbers, other timing).
+cpsgdresync: cpsgddefer with a worker barrier after that wait (same numbers).
 """
 import atexit
 import ctypes
@@ -272,9 +275,57 @@ class cpsgddefer(PolicyStore):
         if (self._after_dense and self._switch is not None
                 and any(it.plan.push is Push.COMPRESSED for it in items)):
             self._wait_for_pulls()
+            self._deferred()
             self.deferred += 1
         self._after_dense = any(it.plan.push is Push.DENSE for it in items)
         super()._flush_step()
 
+    def _deferred(self):
+        """Called once the correction round's pulls have landed (a variant's hook)."""
+
 
 mx.kv.KVStoreBase.kv_registry["cpsgddefer"] = cpsgddefer
+
+
+# ------------------------------------------------------- aligned correction round
+class CPSGDAlignPolicy(CPSGD):
+    name = "cpsgdalign"
+
+
+class cpsgdalign(PolicyStore):
+    """cpsgd whose correction round's dense pushes leave only when every worker's
+    pulls of the round before have landed (a ps-lite worker barrier after the
+    store's own wait; same numbers, other timing). Without it the workers whose
+    pulls land first start their dense pushes, which share the servers' links with
+    the pull responses the other workers still wait for (fair queue: one share per
+    destination), so those land later still, and every key's dense round waits for
+    its last pusher."""
+    policy_class = CPSGDAlignPolicy
+    aligned = 0
+
+    def _wait_for_pulls(self):
+        super()._wait_for_pulls()
+        if self._policy.config.correction_schedule == "aligned":
+            self._kv._barrier()
+            self.aligned += 1
+
+
+mx.kv.KVStoreBase.kv_registry["cpsgdalign"] = cpsgdalign
+
+
+class CPSGDResyncPolicy(CPSGD):
+    name = "cpsgdresync"
+
+
+class cpsgdresync(cpsgddefer):
+    """cpsgddefer with a ps-lite worker barrier after its wait for the correction
+    round's pulls: every worker starts the period's compressed rounds at the same
+    moment again (the compressed steps never wait, so nothing else realigns them,
+    and each compressed round's merge waits for its last pusher)."""
+    policy_class = CPSGDResyncPolicy
+
+    def _deferred(self):
+        self._kv._barrier()
+
+
+mx.kv.KVStoreBase.kv_registry["cpsgdresync"] = cpsgdresync
