@@ -14,8 +14,10 @@ the run's dilation.  Needs runs whose workers recorded iter_tx_bytes.
 
 With --periods, also one line per whole correction period of the timed window,
 taken from phase 1 to phase 0 (the dense step, phase K-1, with the short step
-after it): every worker's own sum of its K iteration times (the fastest, median
-and slowest worker), the median worker's time of the dense step and of phase 1,
+after it; --period-start 2: from phase 2 to phase 1, with the step that waits
+for the dense round's pulls): every worker's own sum of its K iteration times (the fastest, median
+and slowest worker), the median worker's time of the dense step and the step
+after it (phases K-1 and 0) and of phase 1,
 the mean bytes per host link and iteration, the busiest host link of the period,
 and how far apart the workers' clocks are at the period's end (the spread of
 their summed iteration times since the timed window began, after a barrier).
@@ -48,17 +50,19 @@ def rows_of(workers, scale):
     return rows
 
 
-def periods_of(workers, scale, warmup, period):
-    """One dict per whole correction period (phase 1 .. phase 0) of the timed window."""
+def periods_of(workers, scale, warmup, period, start_phase=1):
+    """One dict per whole correction period (start_phase .. start_phase - 1) of the
+    timed window."""
     n = min(len(w["iter_times_s"]) for w in workers)
-    first = next(i for i in range(n) if (warmup + i) % period == 1 % period)
+    first = next(i for i in range(n) if (warmup + i) % period == start_phase % period)
     ms = [[1e3 * t / scale for t in w["iter_times_s"][:n]] for w in workers]
     out = []
     for start in range(first, n - period + 1, period):
         span = range(start, start + period)
         sums = sorted(sum(m[i] for i in span) for m in ms)
-        dense = sorted(m[start + period - 2] + m[start + period - 1] for m in ms)
-        phase1 = sorted(m[start] for m in ms)
+        at = {(warmup + i) % period: i for i in span}
+        dense = sorted(m[at[period - 1]] + m[at[0]] for m in ms)
+        phase1 = sorted(m[at[1 % period]] for m in ms)
         ends = [sum(m[:start + period]) for m in ms]
         row = {"iters": "%d-%d" % (span[0], span[-1]), "min": sums[0],
                "median": sums[len(sums) // 2], "max": sums[-1],
@@ -77,14 +81,16 @@ def periods_of(workers, scale, warmup, period):
     return out
 
 
-def print_periods(workers, scale, warmup, period):
-    rows = periods_of(workers, scale, warmup, period)
+def print_periods(workers, scale, warmup, period, start_phase=1):
+    rows = periods_of(workers, scale, warmup, period, start_phase)
     if not rows:
         return
-    print("whole correction periods (phase 1 .. phase 0), each worker's own sum:\n")
+    print("whole correction periods (phase %d .. phase %d), each worker's own sum:\n"
+          % (start_phase % period, (start_phase - 1) % period))
     print("| iterations | fastest worker ms | median worker ms | slowest worker ms "
-          "| median ms/step | dense step + next, median ms | phase 1, median ms "
-          "| KB/iter per host link (up) | busiest link, KB/iter | workers' spread at end ms |")
+          "| median ms/step | phases %d + 0, median ms | phase 1, median ms "
+          "| KB/iter per host link (up) | busiest link, KB/iter | workers' spread at end ms |"
+          % (period - 1))
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         print("| %s | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %s | %s | %.1f |" % (
@@ -100,6 +106,11 @@ def main():
     p.add_argument("--period", type=int, default=5)
     p.add_argument("--periods", action="store_true",
                    help="also the table of whole correction periods")
+    p.add_argument("--period-start", type=int, default=1,
+                   help="the phase a period starts at in that table (default 1: the "
+                        "dense step and the short step after it end the period; 2: "
+                        "the step after those two, which waits for the dense round's "
+                        "pulls, ends it)")
     p.add_argument("--time-scale", type=float, default=None,
                    help="the dilation (default: results.json's)")
     p.add_argument("--warmup-iters", type=int, default=None,
@@ -148,7 +159,7 @@ def main():
                 "%.0f" % statistics.mean(links) if links else "-"))
         print()
         if args.periods:
-            print_periods(workers, scale, warmup, args.period)
+            print_periods(workers, scale, warmup, args.period, args.period_start)
 
 
 if __name__ == "__main__":

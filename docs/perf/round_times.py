@@ -1,6 +1,7 @@
 """When each profiled step's round is issued, acknowledged and pulled, per worker.
 
     python docs/perf/round_times.py TRACE --time-scale D [--first-step S] [--period K]
+        [--per-worker STEP,STEP...]
 
 TRACE: a merged trace of cpsgd-bench --timeline (timeline/<rate>-<algorithm>.trace.json)
 or a run directory with the workers' profile-*.json.  For a store that pushes and
@@ -15,6 +16,10 @@ starting (a push op starts when the engine runs it), the last push acknowledged
 worker's push of that key was merged and applied), the last pull landing, and
 the next forward's start; and across workers the spread of the forward starts
 (the latest minus the earliest, on the merged trace's common clock).
+With --per-worker, also each worker's first push start, last push acknowledged
+and last pull landed of the listed steps, in dilated ms from the first profiled
+forward of any worker (one clock for all).  Pulls are grouped by start order, so
+a step is only meaningful where its pulls start after the previous step's.
 """
 import argparse
 import os
@@ -42,7 +47,12 @@ def main():
     p.add_argument("--first-step", type=int, default=0,
                    help="the step number of the first profiled step (label only)")
     p.add_argument("--period", type=int, default=5, help="correction period (label only)")
+    p.add_argument("--per-worker", default=None,
+                   help="comma-separated step numbers to show per worker")
     args = p.parse_args()
+    wanted = ([int(x) - args.first_step for x in args.per_worker.split(",")]
+              if args.per_worker else [])
+    per_worker = {}
     d = args.time_scale
     runs = traces(args.trace)
     table = {}
@@ -83,6 +93,10 @@ def main():
             if k + 1 < steps:
                 row["next_fwd"] = (fsteps[k + 1][0]["start"] - t0) / 1e3 / d
             table.setdefault(k, []).append(row)
+            if k in wanted and k < len(psteps) and k < len(lsteps):
+                per_worker.setdefault(rank, {})[k] = (
+                    psteps[k][0]["start"], max(o["end"] for o in psteps[k]),
+                    max(o["end"] for o in lsteps[k]))
     cols = ["bwd_end", "push_first", "push_acked", "pull_landed", "next_fwd"]
     print("| step | phase | push | backward ends | first push starts | last push acked "
           "| last pull landed | next forward starts | forward-start spread over workers |")
@@ -100,6 +114,19 @@ def main():
             (max(starts) - min(starts)) / 1e3 / d))
     print("\nmedian over %d workers; dilated ms from the step's forward start on each "
           "worker" % len(runs))
+    if per_worker:
+        origin = min(min(o["start"] for o in ops if o["kind"] == "forward")
+                     for ops in runs.values())
+        ms = lambda us: (us - origin) / 1e3 / d  # noqa: E731
+        print("\nper worker, dilated ms from the first profiled forward: first push "
+              "starts / last push acknowledged / last pull landed\n")
+        print("| worker | " + " | ".join("step %d" % (args.first_step + k)
+                                         for k in wanted) + " |")
+        print("|---:|" + "---|" * len(wanted))
+        for rank, steps_of in sorted(per_worker.items()):
+            print("| %d | %s |" % (rank, " | ".join(
+                "%.0f / %.0f / %.0f" % tuple(ms(t) for t in steps_of[k]) if k in steps_of
+                else "-" for k in wanted)))
 
 
 def _layers_per_step(played):
