@@ -1,12 +1,14 @@
 """Tables of docs/perf/exchange-bound-point.md from cpsgd-bench results.json files.
 
     python docs/perf/exchange_bound_table.py RESULTS_JSON [RESULTS_JSON ...]
+    python docs/perf/exchange_bound_table.py --across RESULTS_JSON [RESULTS_JSON ...]
 
 Per file (one invocation) and rate: every algorithm's mean ms/iter with its
 efficiency (the invocation's compute-only time / ms per iteration), the transfer
 bound and the CPU floor's share; then the ratios the targets are about (cp-X / X,
 cp-X / horovod, cpsgd / horovod) and the best any store could reach there
-(compute / X).
+(compute / X).  With --across: two tables (each file's faster rate = balanced
+point, its slower rate = exchange-bound point), one column per file.
 """
 import json
 import sys
@@ -27,7 +29,7 @@ def main(paths):
         result = json.load(open(path))
         rows = [r for r in result["rows"] if r["algorithm"] != "compute"]
         compute = result["compute_ms"]
-        workers = result["config"].get("workers") or result["config"].get("num_workers")
+        workers = result["config"]["num_workers"]
         print("### %s (%s workers, compute only %.1f ms, load %s -> %s)\n" % (
             path, workers, compute, "/".join("%.2f" % x for x in result["load_start"]),
             "/".join("%.2f" % x for x in result["load_end"])))
@@ -66,5 +68,48 @@ def main(paths):
         print()
 
 
+def cell(by, rate, alg, compute):
+    r = by.get((rate, alg))
+    if not r or r.get("mean_ms") is None:
+        return "-"
+    return "%.1f (%.2f)" % (r["mean_ms"], compute / r["mean_ms"])
+
+
+def ratio(by, rate, a, b):
+    ra, rb = by.get((rate, a)), by.get((rate, b))
+    return "%.2f" % (ra["mean_ms"] / rb["mean_ms"]) if ra and rb else "-"
+
+
+def across(paths):
+    cols = []
+    for path in paths:
+        result = json.load(open(path))
+        rows = [r for r in result["rows"] if r["algorithm"] != "compute"]
+        rates = sorted({r["rate"] for r in rows}, key=rate_key, reverse=True)
+        cols.append((result, {(r["rate"], r["algorithm"]): r for r in rows}, rates))
+    for point, idx in (("balanced point", 0), ("exchange-bound point", -1)):
+        head = ["%s (%s, x%g)" % ("%s workers" % res["config"]["num_workers"], rates[idx],
+                                   res["config"]["time_scale"])
+                for res, by, rates in cols]
+        print("#### %s\n" % point)
+        print("| algorithm | " + " | ".join(head) + " |")
+        print("|---|" + "---:|" * len(cols))
+        print("| compute only | " + " | ".join("%.1f" % res["compute_ms"] for res, _, _ in cols) + " |")
+        for alg in ORDER:
+            print("| %s | %s |" % (alg, " | ".join(cell(by, rates[idx], alg, res["compute_ms"])
+                                                  for res, by, rates in cols)))
+        for a, b in RATIOS:
+            print("| %s / %s | %s |" % (a, b, " | ".join(ratio(by, rates[idx], a, b)
+                                                        for res, by, rates in cols)))
+        for x in ("horovod", "fp16", "powersgd"):
+            print("| best possible: compute / %s | %s |" % (x, " | ".join(
+                ("%.2f" % (res["compute_ms"] / by[(rates[idx], x)]["mean_ms"]))
+                if (rates[idx], x) in by else "-" for res, by, rates in cols)))
+        print()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1] == "--across":
+        across(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
