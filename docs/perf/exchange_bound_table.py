@@ -91,7 +91,7 @@ def across(paths):
         head = ["%s (%s, x%g)" % ("%s workers" % res["config"]["num_workers"], rates[idx],
                                    res["config"]["time_scale"])
                 for res, by, rates in cols]
-        print("#### %s\n" % point)
+        print("### %s\n" % point.capitalize())
         print("| algorithm | " + " | ".join(head) + " |")
         print("|---|" + "---:|" * len(cols))
         print("| compute only | " + " | ".join("%.1f" % res["compute_ms"] for res, _, _ in cols) + " |")
