@@ -303,18 +303,31 @@ def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> Non
     plt.close(fig)
 
 
+def one_rate_each(results: List[dict]) -> bool:
+    """Whether every result ran one rate (e.g. a rate per worker count chosen so
+    that the exchange matches the compute): then a row's label is its algorithm."""
+    return all(len(r["config"].get("rates") or [None]) == 1 for r in results)
+
+
+def timed_rows(result: dict, one_rate: bool):
+    """(label, row) of each algorithm's timed row of one result (the compute-only
+    job left out); the label is ``algorithm`` or, with several rates,
+    ``algorithm @ rate``."""
+    for row in result["rows"]:
+        if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
+            continue
+        yield (row["algorithm"] if one_rate else "%s @ %s" % (row["algorithm"], row["rate"]),
+               row)
+
+
 def _scaling_points(results: List[dict]) -> Dict[str, List[tuple]]:
-    """label -> sorted [(workers, row, compute_ms)] over several results; the
-    label is the algorithm alone when every result ran one rate (e.g. a rate
-    per worker count chosen so that the exchange matches the compute)."""
+    """label -> sorted [(workers, row, compute_ms)] over several results (labels
+    as :func:`timed_rows` gives them)."""
     points: Dict[str, List[tuple]] = {}
-    one_rate = all(len(r["config"].get("rates") or [None]) == 1 for r in results)
+    one_rate = one_rate_each(results)
     for result in results:
         n = result["config"]["num_workers"]
-        for row in result["rows"]:
-            if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
-                continue
-            label = row["algorithm"] if one_rate else "%s @ %s" % (row["algorithm"], row["rate"])
+        for label, row in timed_rows(result, one_rate):
             points.setdefault(label, []).append((n, row, result.get("compute_ms")))
     for pts in points.values():
         pts.sort(key=lambda p: p[0])

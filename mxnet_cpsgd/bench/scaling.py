@@ -14,6 +14,8 @@ from typing import Dict, List, Optional, Sequence
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
+from .output import (one_rate_each, plot_throughput_vs_workers, plot_vs_workers,
+                     scaling_table, timed_rows)
 from .runs import BenchError, fmt_value
 
 #: config keys that must agree between invocations averaged into one point,
@@ -79,10 +81,7 @@ def invocation_times(result: dict, one_rate: bool) -> Dict[str, float]:
     times = {}
     if result.get("compute_ms"):
         times[COMPUTE_LABEL] = result["compute_ms"]
-    for row in result["rows"]:
-        if row.get("mean_ms") is None or row["algorithm"] == COMPUTE_ONLY:
-            continue
-        label = row["algorithm"] if one_rate else "%s @ %s" % (row["algorithm"], row["rate"])
+    for label, row in timed_rows(result, one_rate):
         times[label] = row["mean_ms"]
     return times
 
@@ -91,7 +90,7 @@ def collect(groups: Dict[int, List[dict]]):
     """(labels in order of first appearance, {workers: [{label: ms} of each
     invocation]}) over grouped results."""
     results = [r for members in groups.values() for r in members]
-    one_rate = all(len(r["config"].get("rates") or [None]) == 1 for r in results)
+    one_rate = one_rate_each(results)
     times = {n: [invocation_times(r, one_rate) for r in members]
              for n, members in groups.items()}
     labels = [COMPUTE_LABEL] if any(COMPUTE_LABEL in t for ts in times.values()
@@ -255,7 +254,6 @@ def plot_workers(paths: Sequence[str], out_dir: str,
     several: their mean with its spread and the "a / b" table first."""
     import json
     import os
-    from .output import plot_throughput_vs_workers, plot_vs_workers, scaling_table
 
     results = []
     for path in paths:

@@ -364,17 +364,16 @@ def min_seeds_by_experiment(meta: Dict[str, object]) -> Dict[Optional[str], int]
     return out
 
 
-def _min_seeds_for(min_seeds, experiment: str) -> int:
-    if isinstance(min_seeds, int):
-        return min_seeds
-    return min_seeds.get(experiment, min_seeds[None])
+def _per_experiment(min_seeds) -> Dict[Optional[str], int]:
+    """``min_seeds`` (a number, or a mapping as min_seeds_by_experiment returns) as
+    that mapping."""
+    return {None: min_seeds} if isinstance(min_seeds, int) else min_seeds
 
 
 def equivalence_note(margin: float, min_seeds=2) -> str:
     """How the equivalence column is decided (``min_seeds``: a number, or a mapping as
     min_seeds_by_experiment returns)."""
-    if isinstance(min_seeds, int):
-        min_seeds = {None: min_seeds}
+    min_seeds = _per_experiment(min_seeds)
     default = min_seeds[None]
     own = sorted((name, n) for name, n in min_seeds.items() if name is not None and n != default)
     waits = ""
@@ -398,6 +397,7 @@ def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None,
     """The paired differences as a table (points); with ``margin``, also the 90 %
     interval and the TOST verdict at +-margin points (decided from ``min_seeds`` pairs:
     a number, or a mapping per experiment as min_seeds_by_experiment returns)."""
+    per_experiment = _per_experiment(min_seeds)
     rows = []
     for d in pairs:
         ci = d.ci
@@ -406,7 +406,8 @@ def paired_markdown(pairs: Sequence[PairedDiff], margin: Optional[float] = None,
                "[%+.2f, %+.2f]" % ci if ci else "n/a", d.verdict]
         if margin:
             ci90 = d.ci90
-            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin, _min_seeds_for(min_seeds, d.experiment))]
+            needed = per_experiment.get(d.experiment, per_experiment[None])
+            row += ["[%+.2f, %+.2f]" % ci90 if ci90 else "n/a", d.equivalence(margin, needed)]
         rows.append(row)
     header = ["experiment", "M", "network", "run", "vs", "pairs", "seeds",
               "mean diff (points)", "95 % CI", "verdict"]
