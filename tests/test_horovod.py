@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 import pytest
-from procs import kill_marked, processes_with_env
+from procs import kill_marked, processes_with_env, shows_horovod_crash
 
 try:  # a generous per-test bound where pytest-timeout is installed
     import pytest_timeout  # noqa: F401
@@ -118,24 +118,15 @@ def _run_group(cmd, env, timeout):
             proc.wait()
 
 
-#: How a crash inside MXNet's own kernels shows in a Horovod job's output: seen once
-#: in CI (test_horovod_matches_ssgd[kvstore-same], rank 0 printed MXNet's
-#: "Segmentation fault: 11" and its waitall raised oneDNN's "could not execute a
-#: primitive"), not reproduced here in 70 runs of the same job in a loop (about 30 of
-#: them while two busy loops held both cores) nor in the suite's own runs since.  Our
-#: code on that path is one hvd.allreduce_ per key.
-KERNEL_CRASH = ("Segmentation fault", "could not execute a primitive")
-
-
 def run_horovod_job(cmd, env, timeout):
     """``_run_group(cmd, env, timeout)``, run once more after a kernel crash.
 
-    A job whose output shows :data:`KERNEL_CRASH` is repeated once, with a warning
+    A job whose output shows :data:`procs.HOROVOD_CRASH` is repeated once, with a warning
     that keeps the first output's tail; any other failure (wrong results, a
     timeout, an error of ours) is returned as it is, and so is a second crash.
     """
     code, out = _run_group(cmd, env, timeout)
-    if code not in (0, None) and any(sign in out for sign in KERNEL_CRASH):
+    if code not in (0, None) and shows_horovod_crash(out):
         warnings.warn("horovod job crashed inside MXNet (exit %s); running it once more. "
                       "First output:\n%s" % (code, out[-3000:]))
         code, out = _run_group(cmd, env, timeout)

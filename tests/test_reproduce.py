@@ -293,8 +293,10 @@ def test_tiny_grid_end_to_end(tmp_path):
 def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     """A run of an experiment with checkpoint_every, stopped by SIGTERM after its
     first checkpoint, goes on from its newest checkpoint when the same command
-    runs again: its logs reach the last iteration, run.json lists both sittings,
-    the report says so, and the checkpoints are removed once it is complete."""
+    runs again; killed by SIGKILL in that second sitting after a newer checkpoint,
+    it goes on from that one: its logs reach the last iteration, run.json lists
+    the three sittings (the killed one too), the report says so, and the
+    checkpoints are removed once it is complete."""
     import signal
     import subprocess
     from mxnet_cpsgd.training.checkpoint import newest_complete
@@ -335,24 +337,130 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     resumed_at = int(os.path.basename(point["checkpoint"]).split("-")[1])
     assert 10 <= resumed_at < 300
 
+    # the second sitting is SIGKILLed (no chance to write its end) after a newer
+    # checkpoint: run.json still says "running", and the third sitting resumes
+    second = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, universal_newlines=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and second.poll() is None:
+            newest = newest_complete(checkpoints) if os.path.isdir(checkpoints) else None
+            if newest is not None and newest != point["checkpoint"]:
+                break
+            time.sleep(0.05)
+        assert second.poll() is None, "the second sitting ended before a new checkpoint"
+        second.kill()
+        second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    killed = read_run(run_dir).meta
+    assert killed["status"] == "running" and killed["pid"] == second.pid, killed
+    _wait_for_no_job(run_dir)
+    point2 = reproduce.resume_point(plan, run_dir)
+    assert point2 is not None and point2["checkpoint"] != point["checkpoint"]
+    resumed_again = int(os.path.basename(point2["checkpoint"]).split("-")[1])
+    assert resumed_at < resumed_again < 300
+
     code = reproduce.main([spec_path, "-o", out, "--allow-dirty"])
     with open(os.path.join(run_dir, "output.log")) as f:
         output = f.read()
     assert code == 0, output[-3000:]
     assert "resuming from %s" % point["checkpoint"] in output
+    assert "resuming from %s" % point2["checkpoint"] in output
     run = read_run(run_dir)
     assert run.meta["status"] == "ok"
-    assert [s["resumed_from_iteration"] for s in run.meta["sittings"]] == [None, resumed_at]
+    sittings = run.meta["sittings"]
+    assert [s["resumed_from_iteration"] for s in sittings] == [None, resumed_at,
+                                                               resumed_again]
+    assert [s["status"] for s in sittings] == ["failed", "killed", "ok"]
+    assert sittings[1]["wall_time"] > 0 and sittings[1]["finished"]
     assert run.meta["wall_time"] == pytest.approx(
-        sum(s["wall_time"] for s in run.meta["sittings"]), abs=0.02)
+        sum(s["wall_time"] for s in sittings), abs=0.03)
     for lines in run.records.values():
         assert lines[-1]["epoch"] == 1 and lines[-1]["total_iterations"] == 300
     assert not os.path.exists(checkpoints)
     md = report.generate(out, plots=False).markdown
-    assert "2 sittings, resumed at iteration %d" % resumed_at in md
+    assert "3 sittings, resumed at iterations %d, %d" % (resumed_at, resumed_again) in md
     # complete now: the same command runs nothing
     assert reproduce.main([spec_path, "-o", out]) == 0
-    assert len(read_run(run_dir).meta["sittings"]) == 2
+    assert len(read_run(run_dir).meta["sittings"]) == 3
+
+
+def _wait_for_no_job(run_dir, wait=30):
+    """The killed sitting's job nodes die with it (parent-death signal); wait until
+    none of them (a process with the run directory in its command line) is left."""
+    deadline = time.monotonic() + wait
+    while _pids_with_arg(run_dir):
+        if time.monotonic() > deadline:
+            raise AssertionError("the killed sitting's job is still running: %s"
+                                 % _pids_with_arg(run_dir))
+        time.sleep(0.2)
+
+
+def _pids_with_arg(text):
+    from mxnet_cpsgd.cluster import procfs
+    found = []
+    for pid in procfs.pids():
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if text.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return [p for p in found if procfs.alive(p)]
+
+
+def test_a_run_another_process_is_running_is_left_alone(tmp_path):
+    """A run whose run.json says "running" for a live process on this host is
+    skipped with a message naming that process (its files untouched, exit 1); once
+    that process is gone, the same command takes the run over (here: nothing to
+    resume from, so it starts afresh)."""
+    import subprocess
+    spec = dict(SPEC, runs=SPEC["runs"][:1], checkpoint_every=10)
+    out = str(tmp_path / "out")
+    plan = reproduce.expand(spec)[0]
+    run_dir = plan.directory(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.makedirs(os.path.join(run_dir, reproduce.CHECKPOINTS_DIR, "iter-000000010"))
+        meta = reproduce.run_meta(plan, status="running", pid=holder.pid,
+                                  host=__import__("socket").gethostname(),
+                                  sitting_started="2026-01-01T00:00:00+00:00")
+        logs.write_json(os.path.join(run_dir, "run.json"), meta)
+        lines = []
+        code = reproduce.reproduce(spec, out, only=[plan.run_id], allow_dirty=True,
+                                   report=False, progress=_Lines(lines))
+        assert code == 1
+        said = "\n".join(lines)
+        assert "skipped: process %d on this host is running it" % holder.pid in said, said
+        assert read_run(run_dir).meta["status"] == "running"
+        assert os.path.isdir(os.path.join(run_dir, reproduce.CHECKPOINTS_DIR,
+                                          "iter-000000010"))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone and no checkpoint is complete: the run starts afresh
+    assert reproduce.resume_point(plan, run_dir) is None
+    code = reproduce.reproduce(spec, out, only=[plan.run_id], allow_dirty=True,
+                               report=False, progress=_Lines([]))
+    assert code == 0
+    assert read_run(run_dir).meta["status"] == "ok"
+
+
+class _Lines:
+    """A text stream that keeps what is written, line by line."""
+
+    def __init__(self, lines):
+        self.lines = lines
+
+    def write(self, text):
+        self.lines.extend(text.splitlines())
+        return len(text)
+
+    def flush(self):
+        pass
 
 
 def test_code_version_ignores_the_output_directory(tmp_path):

@@ -243,8 +243,7 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
     if failure is None and len(workers) != args.num_workers:
         failure = "only %d of %d workers wrote results" % (len(workers), args.num_workers)
     if failure is not None:
-        tail = "\n".join(result.output.splitlines()[-15:])
-        failure = "%s\n%s" % (failure, tail)
+        failure = "%s\n%s" % (failure, failure_tail(result.output, failure))
     return {"rate": rate, "algorithm": algorithm, "store": variant.store,
             "knobs": dict(variant.knobs), "emulate_network": emulate,
             "placement": placement, "allreduce": allreduce, "emulate_compute_ms": emulate_ms,
@@ -253,6 +252,22 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
             "run_dir": run_dir, "failure": failure, "returncode": result.returncode,
             "elapsed_s": elapsed, "load_before": list(load_before),
             "load_after": list(os.getloadavg()), "workers": workers}
+
+
+def failure_tail(output: str, failure: str, lines: int = 15) -> str:
+    """The last ``lines`` lines of a failed job's output, preceded by the last lines
+    of the node the failure names ("worker 1 exited with signal SIGSEGV") when those
+    are not among them: the node that died is often not the one that printed last."""
+    all_lines = output.splitlines()
+    tail = all_lines[-lines:]
+    named = re.match(r"((?:worker|server|rendezvous) \d+|scheduler)\b", failure)
+    if named:
+        prefix = "[%s] " % named.group(1)
+        own = [line for line in all_lines if line.startswith(prefix)][-lines:]
+        own = [line for line in own if line not in tail]
+        if own:
+            tail = own + ["..."] + tail
+    return "\n".join(tail)
 
 
 def code_fingerprint() -> dict:

@@ -25,14 +25,13 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import sys
 import time
 from typing import Dict, Optional, Sequence
 
-from . import bench_runs, logs, markdown, summary
+from . import bench_runs, logs, markdown, sittings, summary
 from . import report as report_mod
 from .spec import (CHECKPOINTS_DIR, RunPlan, SpecError, _merge_args, args_to_argv, expand,
                    expand_bench_plans, load_spec, select, select_bench)
@@ -145,7 +144,9 @@ def resume_point(plan: RunPlan, run_dir: str) -> Optional[Dict[str, object]]:
     if not plan.checkpoint_every:
         return None
     meta = _read_meta(run_dir)
-    if (meta is None or meta.get("status") != "failed"
+    # "running" with its process gone: a sitting that was killed before it could
+    # record its end (the caller has left alone a run whose process is alive)
+    if (meta is None or meta.get("status") not in ("failed", sittings.RUNNING)
             or meta.get("fingerprint") != plan.fingerprint()):
         return None
     from ..training.checkpoint import newest_complete
@@ -154,11 +155,6 @@ def resume_point(plan: RunPlan, run_dir: str) -> Optional[Dict[str, object]]:
         return None
     meta["checkpoint"] = path
     return meta
-
-
-def _checkpoint_iteration(path: Optional[str]) -> Optional[int]:
-    match = re.search(r"iter-(\d+)$", path or "")
-    return int(match.group(1)) if match else None
 
 
 def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
@@ -205,6 +201,11 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
+    # while it runs: so that a sitting killed before it can write its end is
+    # resumed (and not started afresh), and another reproduction leaves it alone
+    logs.write_json(os.path.join(run_dir, logs.RUN_META), run_meta(
+        plan, code=code, allow_dirty=allow_dirty, actual_rate=rate,
+        **sittings.running_fields(resume_from, run_dir, started)))
     with open(os.path.join(run_dir, "output.log"), "a" if resume_from else "w") as log:
         if resume_from:
             log.write("cpsgd-reproduce: %s: resuming from %s\n"
@@ -231,26 +232,9 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
     if plan.checkpoint_every:
-        _record_sitting(meta, resume_from, run_dir)
+        sittings.record_sitting(meta, resume_from, run_dir)
     logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
-
-
-def _record_sitting(meta: Dict[str, object], previous: Optional[Dict[str, object]],
-                    run_dir: str) -> None:
-    """Add this sitting to ``meta["sittings"]`` after the earlier ones; the run's
-    ``started`` and ``wall_time`` become the first sitting's and the sum."""
-    sitting = {key: meta.get(key) for key in ("started", "finished", "wall_time", "code",
-                                              "allow_dirty", "status", "failure")}
-    sitting["resumed_from_iteration"] = _checkpoint_iteration(
-        previous["checkpoint"]) if previous else None
-    sittings = list(previous.get("sittings") or []) if previous else []
-    sittings.append(sitting)
-    meta["sittings"] = sittings
-    meta["started"] = sittings[0]["started"]
-    meta["wall_time"] = round(sum(s.get("wall_time") or 0.0 for s in sittings), 2)
-    if meta["status"] == "ok":
-        shutil.rmtree(os.path.join(run_dir, CHECKPOINTS_DIR), ignore_errors=True)
 
 
 class _Tee:
@@ -357,6 +341,11 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: complete, skipped" % (i, len(chosen), plan.run_id))
             continue
         _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id, plan.launch_text()))
+        busy = None if force else sittings.held_elsewhere(_read_meta(run_dir))
+        if busy:
+            _say(progress, "[%d/%d] %s: skipped: %s" % (i, len(chosen), plan.run_id, busy))
+            failed += 1
+            continue
         point = None if force else resume_point(plan, run_dir)
         if point is not None:
             _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,
