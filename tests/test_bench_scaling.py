@@ -109,6 +109,13 @@ def test_one_invocation_per_worker_count_is_unchanged(tmp_path):
     assert main(["--plot-workers"] + paths + ["--out-dir", str(tmp_path)]) == 0
     results = [json.load(open(p)) for p in paths]
     assert (tmp_path / "scaling.md").read_text() == scaling_table(results) + "\n"
+    # the plots draw each file's own time, labelled by algorithm, without a bar
+    points = plotted_points(group_by_workers(results), "time")
+    for algorithm in ("ssgd", "cpsgd", "horovod"):
+        assert [p[0] for p in points[algorithm]] == [2, 4, 8]
+        for point, result in zip(points[algorithm], results):
+            ms = _mean_ms(result, algorithm)
+            assert point[1:] == pytest.approx((ms, ms, ms, 1))
 
 
 @pytest.mark.parametrize("key,value,named", [
