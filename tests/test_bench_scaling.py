@@ -1,9 +1,12 @@
 """``cpsgd-bench --plot-workers`` with several invocations per worker count, fed
 the real results.json of docs/performance.md's Summary (docs/perf/): the "a / b"
 table and the plotted mean and spread against numpy on the same files, and the
-refusal to average invocations that measured different things."""
+refusal to average invocations that measured different things; and
+docs/perf/exchange_bound_table.py on a results.json without a compute-only job."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,6 +109,13 @@ def test_one_invocation_per_worker_count_is_unchanged(tmp_path):
     assert main(["--plot-workers"] + paths + ["--out-dir", str(tmp_path)]) == 0
     results = [json.load(open(p)) for p in paths]
     assert (tmp_path / "scaling.md").read_text() == scaling_table(results) + "\n"
+    # the plots draw each file's own time, labelled by algorithm, without a bar
+    points = plotted_points(group_by_workers(results), "time")
+    for algorithm in ("ssgd", "cpsgd", "horovod"):
+        assert [p[0] for p in points[algorithm]] == [2, 4, 8]
+        for point, result in zip(points[algorithm], results):
+            ms = _mean_ms(result, algorithm)
+            assert point[1:] == pytest.approx((ms, ms, ms, 1))
 
 
 @pytest.mark.parametrize("key,value,named", [
@@ -142,3 +152,52 @@ def test_rerender_of_a_file_without_runs_says_why(tmp_path, capsys):
     assert main(["--rerender", path, "--out-dir", str(tmp_path)]) == 2
     assert "has no 'runs'" in capsys.readouterr().err
     assert not os.listdir(str(tmp_path))
+
+
+def _table_script(*args):
+    return subprocess.run([sys.executable, os.path.join(PERF, "exchange_bound_table.py")]
+                          + [a if a.startswith("--") else os.path.join(PERF, a) for a in args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=120)
+
+
+def _row_ms(result, algorithm, rate):
+    return next(r["mean_ms"] for r in result["rows"]
+                if r["algorithm"] == algorithm and r["rate"] == rate)
+
+
+def test_exchange_bound_table_without_a_compute_only_job():
+    """The 16-worker exchange-bound file was run with --no-compute-only: its
+    times are shown, its efficiencies and 'best possible' are '-', a line on
+    stderr says why, and the 8-worker column beside it keeps its efficiencies."""
+    n8, n16 = "exchange-bound-n8-175-80mbit-results.json", "exchange-bound-n16-90mbit-results.json"
+    assert _load(n16)["compute_ms"] is None
+    done = _table_script("--across", n8, n16)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "exchange_bound_table.py: no compute-only job in %s: its efficiencies and "
+        "'best possible' rows are '-'" % os.path.join(PERF, n16)]
+    table = done.stdout.split("### Exchange-bound point")[1]
+    eight, sixteen = _load(n8), _load(n16)
+    compute = eight["compute_ms"]
+    assert _cells(table, "compute only") == ["%.1f" % compute, "-"]
+    for algorithm in ("cpsgd", "horovod", "fp16", "cpsgd_fp16"):
+        ms8, ms16 = _row_ms(eight, algorithm, "80mbit"), _row_ms(sixteen, algorithm, "90mbit")
+        assert _cells(table, algorithm) == ["%.1f (%.2f)" % (ms8, compute / ms8),
+                                            "%.1f (-)" % ms16]
+    assert _cells(table, "powersgd") == ["%.1f (%.2f)" % (
+        _row_ms(eight, "powersgd", "80mbit"), compute / _row_ms(eight, "powersgd", "80mbit")), "-"]
+    # a ratio of two times needs no compute-only time
+    assert _cells(table, "cpsgd / horovod")[1] == "%.2f" % (
+        _row_ms(sixteen, "cpsgd", "90mbit") / _row_ms(sixteen, "horovod", "90mbit"))
+    assert _cells(table, "best possible: compute / horovod") == [
+        "%.2f" % (compute / _row_ms(eight, "horovod", "80mbit")), "-"]
+
+    alone = _table_script(n16)
+    assert alone.returncode == 0, alone.stderr
+    assert "(16 workers, compute only -, load " in alone.stdout
+    assert _cells(alone.stdout, "cpsgd")[:2] == [
+        "%.1f (-)" % _row_ms(sixteen, "cpsgd", "90mbit"),
+        "%.1f" % next(r["transfer_bound_ms"] for r in sixteen["rows"]
+                      if r["algorithm"] == "cpsgd")]
+    assert _cells(alone.stdout, "best possible: compute / fp16") == ["-"]

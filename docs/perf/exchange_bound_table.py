@@ -9,6 +9,10 @@ bound and the CPU floor's share; then the ratios the targets are about (cp-X / X
 cp-X / horovod, cpsgd / horovod) and the best any store could reach there
 (compute / X).  With --across: two tables (each file's faster rate = balanced
 point, its slower rate = exchange-bound point), one column per file.
+
+A file without a compute-only job (cpsgd-bench --no-compute-only) has no
+efficiencies and no "compute / X": those show "-" (the times stay), and a line
+on stderr names the file.
 """
 import json
 import sys
@@ -30,6 +34,9 @@ def load(path):
     """(result, {(rate, algorithm): row}, its rates from the fastest to the slowest)."""
     with open(path) as f:
         result = json.load(f)
+    if result.get("compute_ms") is None:
+        print("exchange_bound_table.py: no compute-only job in %s: its efficiencies and "
+              "'best possible' rows are '-'" % path, file=sys.stderr)
     rows = [r for r in result["rows"] if r["algorithm"] != "compute"]
     rates = sorted({r["rate"] for r in rows}, key=rate_key, reverse=True)
     return result, {(r["rate"], r["algorithm"]): r for r in rows}, rates
@@ -40,9 +47,16 @@ def measured(by, rate, alg):
     return r if r and r.get("mean_ms") is not None else None
 
 
+def fmt(value, spec):
+    return spec % value if value is not None else "-"
+
+
 def cell(by, rate, alg, compute):
     r = measured(by, rate, alg)
-    return "%.1f (%.2f)" % (r["mean_ms"], compute / r["mean_ms"]) if r else "-"
+    if not r:
+        return "-"
+    return "%.1f (%s)" % (r["mean_ms"], fmt(None if compute is None else compute / r["mean_ms"],
+                                            "%.2f"))
 
 
 def ratio(by, rate, a, b):
@@ -52,7 +66,7 @@ def ratio(by, rate, a, b):
 
 def best(by, rate, x, compute):
     r = measured(by, rate, x)
-    return "%.2f" % (compute / r["mean_ms"]) if r else "-"
+    return "%.2f" % (compute / r["mean_ms"]) if r and compute is not None else "-"
 
 
 def main(paths):
@@ -60,8 +74,9 @@ def main(paths):
         result, by, rates = load(path)
         compute = result["compute_ms"]
         workers = result["config"]["num_workers"]
-        print("### %s (%s workers, compute only %.1f ms, load %s -> %s)\n" % (
-            path, workers, compute, "/".join("%.2f" % x for x in result["load_start"]),
+        print("### %s (%s workers, compute only %s, load %s -> %s)\n" % (
+            path, workers, fmt(compute, "%.1f ms"),
+            "/".join("%.2f" % x for x in result["load_start"]),
             "/".join("%.2f" % x for x in result["load_end"])))
         print("| algorithm | " + " | ".join(
             "%s: ms/iter (eff.) | bound ms | CPU floor" % rate for rate in rates) + " |")
@@ -96,7 +111,8 @@ def across(paths):
         print("### %s\n" % point.capitalize())
         print("| algorithm | " + " | ".join(head) + " |")
         print("|---|" + "---:|" * len(cols))
-        print("| compute only | " + " | ".join("%.1f" % res["compute_ms"] for res, _, _ in cols) + " |")
+        print("| compute only | " + " | ".join(fmt(res["compute_ms"], "%.1f")
+                                               for res, _, _ in cols) + " |")
         for alg in ORDER:
             print("| %s | %s |" % (alg, " | ".join(cell(by, rates[idx], alg, res["compute_ms"])
                                                   for res, by, rates in cols)))

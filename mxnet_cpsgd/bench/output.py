@@ -259,50 +259,6 @@ def build_timelines(result: dict, runs: List[dict], out_dir: str,
     return made
 
 
-def plot_vs_workers(results: List[dict], out_path: str, rate: str = None) -> None:
-    """Time per iteration against the number of workers, one line per
-    algorithm, from several results.json of the same rate (e.g. -n 2 and -n 4
-    with --emulate-compute); compute-only dashed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points: Dict[str, List[tuple]] = {}
-    compute = []
-    for result in results:
-        n = result["config"]["num_workers"]
-        for row in result["rows"]:
-            if row.get("mean_ms") is None:
-                continue
-            if row["algorithm"] == COMPUTE_ONLY:
-                compute.append((n, row["mean_ms"]))
-            elif rate is None or row["rate"] == rate:
-                points.setdefault("%s @ %s" % (row["algorithm"], row["rate"]), []).append(
-                    (n, row["mean_ms"]))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, pts in points.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    if compute:
-        compute.sort()
-        ax.plot([p[0] for p in compute], [p[1] for p in compute], "k--", marker="x",
-                label="compute-only")
-    cfg = results[0]["config"]
-    ax.set_xlabel("workers")
-    ax.set_ylabel("time per iteration, ms")
-    ax.set_xticks(sorted({r["config"]["num_workers"] for r in results}))
-    ax.set_title("%s, %s placement, %s" % (
-        cfg["model"], cfg.get("placement", "separate"),
-        "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
-        else "real compute"), fontsize=10)
-    ax.set_ylim(0, None)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-
-
 def one_rate_each(results: List[dict]) -> bool:
     """Whether every result ran one rate (e.g. a rate per worker count chosen so
     that the exchange matches the compute): then a row's label is its algorithm."""
@@ -352,43 +308,3 @@ def scaling_table(results: List[dict]) -> str:
                           if row.get("cpu_floor_fraction") is not None else None, "%.0f%%"),
                 row.get("time_scale") or 1))
     return "\n".join(lines)
-
-
-def plot_throughput_vs_workers(results: List[dict], out_path: str) -> None:
-    """Samples per second of the whole job against workers, one line per
-    algorithm, with the ideal line (workers x batch / compute-only time)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ideal = sorted({(r["config"]["num_workers"],
-                     r["config"]["num_workers"] * r["config"]["batch_size"]
-                     / (r["compute_ms"] / 1e3))
-                    for r in results if r.get("compute_ms")})
-    if ideal:
-        ax.plot([p[0] for p in ideal], [p[1] for p in ideal], "k--", marker="x",
-                label="ideal (compute only)")
-    batch = {r["config"]["num_workers"]: r["config"]["batch_size"] for r in results}
-    for label, pts in _scaling_points(results).items():
-        ax.plot([p[0] for p in pts], [p[0] * batch[p[0]] / (p[1]["mean_ms"] / 1e3)
-                                      for p in pts], marker="o", label=label)
-    cfg = results[0]["config"]
-    ax.set_xlabel("workers")
-    ax.set_ylabel("samples/s, all workers")
-    ax.set_xticks(sorted(batch))
-    scales = sorted({r["config"].get("time_scale") or 1 for r in results})
-    rates = {n: "/".join(r["config"].get("rates") or []) for n, r in
-             ((r["config"]["num_workers"], r) for r in results)}
-    ax.set_title("%s, %s placement, %s%s\nrates: %s" % (
-        cfg["model"], cfg.get("placement", "separate"),
-        "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
-        else "real compute",
-        ", dilated x%s" % "/x".join("%g" % d for d in scales) if scales != [1] else "",
-        ", ".join("%d workers %s" % (n, rates[n]) for n in sorted(rates))), fontsize=9)
-    ax.set_ylim(0, None)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)

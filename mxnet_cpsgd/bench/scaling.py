@@ -1,8 +1,8 @@
-"""Scaling against workers when a worker count was measured by several
-invocations (``cpsgd-bench --plot-workers`` given more than one results.json
-with the same ``-n``): per worker count and algorithm the mean time per
-iteration and throughput over those invocations, with their spread (the fastest
-to the slowest invocation), and a table of every invocation's time and
+"""Scaling against workers (``cpsgd-bench --plot-workers``): the results.json
+of one worker count are one group; per group and algorithm the plots draw the
+mean time per iteration and throughput over its invocations, with their spread
+(the fastest to the slowest invocation) where it has several.  With several
+invocations of a worker count, scaling.md also puts every invocation's time and
 efficiency side by side ("a / b", as docs/performance.md's Summary).
 
 Invocations are averaged only where they measured the same thing: the same
@@ -14,8 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
-from .output import (one_rate_each, plot_throughput_vs_workers, plot_vs_workers,
-                     scaling_table, timed_rows)
+from .output import one_rate_each, scaling_table, timed_rows
 from .runs import BenchError, fmt_value
 
 #: config keys that must agree between invocations averaged into one point,
@@ -67,11 +66,6 @@ def _shown(value) -> str:
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return "%g" % value if isinstance(value, (int, float)) else str(value)
-
-
-def several_per_worker_count(results: Sequence[dict]) -> bool:
-    counts = [r["config"]["num_workers"] for r in results]
-    return len(set(counts)) < len(counts)
 
 
 def invocation_times(result: dict, one_rate: bool) -> Dict[str, float]:
@@ -179,26 +173,30 @@ def points_table(groups: Dict[int, List[dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot_with_spread(groups: Dict[int, List[dict]], time_path: str,
-                     throughput_path: str) -> None:
+def plot_scaling(groups: Dict[int, List[dict]], time_path: str,
+                 throughput_path: str) -> None:
     """time_vs_workers and throughput_vs_workers: per algorithm the mean over a
-    worker count's invocations, bars from the fastest to the slowest; the
-    compute-only time (and the ideal throughput) dashed, also with its spread."""
+    worker count's invocations, bars from the fastest to the slowest where it
+    has several; the compute-only time (and the ideal throughput) dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     workers = sorted(groups)
     cfg = groups[workers[0]][0]["config"]
+    several = any(len(groups[n]) > 1 for n in workers)
     dilated = any((groups[n][0]["config"].get("time_scale") or 1) != 1 for n in workers)
-    title = ("%s, %s placement, %s\n%s\nworkers: rate xD (invocations); the mean of the "
-             "invocations, bars from the fastest to the slowest") % (
+    title = "%s, %s placement, %s\n%s\n%s" % (
         cfg["model"], cfg.get("placement", "separate"),
         "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
         else "real compute",
-        "; ".join("%d: %s x%g (%d)" % (n, "/".join(groups[n][0]["config"].get("rates") or []),
-                                       groups[n][0]["config"].get("time_scale") or 1,
-                                       len(groups[n])) for n in workers))
+        "; ".join("%d: %s x%g%s" % (n, "/".join(groups[n][0]["config"].get("rates") or []),
+                                     groups[n][0]["config"].get("time_scale") or 1,
+                                     " (%d)" % len(groups[n]) if several else "")
+                  for n in workers),
+        "workers: rate xD (invocations); the mean of the invocations, bars from the fastest "
+        "to the slowest" if several else "workers: rate xD")
     for kind, path in (("time", time_path), ("throughput", throughput_path)):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, pts in plotted_points(groups, kind).items():
@@ -207,9 +205,12 @@ def plot_with_spread(groups: Dict[int, List[dict]], time_path: str,
                              else "ideal (compute only)")
             else:
                 style = dict(fmt="-o", label=label)
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
-                        yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
-                        capsize=3, **style)
+            # a point of one invocation has no spread: no bar, not even its caps
+            with_bar = np.array([p[4] > 1 for p in pts])
+            if with_bar.any():
+                style.update(yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]],
+                             errorevery=with_bar, capsize=3)
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], **style)
         ax.set_xlabel("workers")
         ax.set_ylabel(("time per iteration, ms" if kind == "time" else "samples/s, all workers")
                       + (" (dilated, divided back)" if dilated else ""))
@@ -249,9 +250,9 @@ def plot_workers(paths: Sequence[str], out_dir: str,
                  algorithms: Optional[Sequence[str]] = None) -> str:
     """``cpsgd-bench --plot-workers``: time_vs_workers.png,
     throughput_vs_workers.png and scaling.md in ``out_dir`` from several
-    results.json; returns scaling.md's text.  One invocation per worker count:
-    a line per algorithm and the per-point table (:func:`.output.scaling_table`);
-    several: their mean with its spread and the "a / b" table first."""
+    results.json; returns scaling.md's text: every invocation's row
+    (:func:`.output.scaling_table`), after the "a / b" table and the plotted
+    points where a worker count has several invocations."""
     import json
     import os
 
@@ -261,12 +262,12 @@ def plot_workers(paths: Sequence[str], out_dir: str,
             results.append(json.load(f))
     if algorithms:
         results = keep_algorithms(results, algorithms)
+    groups = group_by_workers(results, paths)
     os.makedirs(out_dir, exist_ok=True)
-    time_path = os.path.join(out_dir, "time_vs_workers.png")
-    throughput_path = os.path.join(out_dir, "throughput_vs_workers.png")
-    if several_per_worker_count(results):
-        groups = group_by_workers(results, paths)
-        plot_with_spread(groups, time_path, throughput_path)
+    plot_scaling(groups, os.path.join(out_dir, "time_vs_workers.png"),
+                 os.path.join(out_dir, "throughput_vs_workers.png"))
+    text = scaling_table(results)
+    if any(len(members) > 1 for members in groups.values()):
         text = "\n\n".join([
             summary_table(groups),
             "ms per iteration of every invocation (\"a / b\": in the order of these files) "
@@ -275,11 +276,7 @@ def plot_workers(paths: Sequence[str], out_dir: str,
             "The plotted points: the mean ms per iteration over a worker count's "
             "invocations and, in brackets, the fastest-slowest of them (the bars):",
             points_table(groups),
-            "Every invocation:", scaling_table(results)])
-    else:
-        plot_vs_workers(results, time_path)
-        plot_throughput_vs_workers(results, throughput_path)
-        text = scaling_table(results)
+            "Every invocation:", text])
     with open(os.path.join(out_dir, "scaling.md"), "w") as f:
         f.write(text + "\n")
     return text
