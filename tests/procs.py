@@ -62,7 +62,7 @@ def kill_marked(tries=3, **wanted):
 #: printed MXNet's "Segmentation fault: 11" and its waitall raised oneDNN's "could not
 #: execute a primitive" (70 runs of that job in a loop, 30 of them with both cores
 #: busy, passed); a worker of cpsgd-bench's topk job (Horovod all-gathers) ended with
-#: SIGSEGV in its warm-up (150 runs of that job in a loop passed).  Tests that run
+#: SIGSEGV in its warm-up (69 runs of that job in a loop, beside a training job, passed).  Tests that run
 #: Horovod jobs repeat a job once when it ends with this signature, and only then.
 HOROVOD_CRASH = ("Segmentation fault", "could not execute a primitive", "signal SIGSEGV")
 
