@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
-from procs import remove_networks_of, shows_horovod_crash, stop_group
+from procs import remove_networks_of, stop_group
 
 from mxnet_cpsgd.bench.output import markdown_table
 from mxnet_cpsgd.bench.results import summarize
@@ -73,39 +72,7 @@ def test_bench_end_to_end(tmp_path):
 
 
 def _run_bench(args, out_dir, budget):
-    """Run cpsgd-bench with ``args``; returns its results.json.
-
-    A run whose only failures are Horovod jobs (all-reduce stores) that crashed
-    inside MXNet or Horovod (:data:`procs.HOROVOD_CRASH`) is repeated once in a new
-    directory, with a warning that keeps the first output; any other failure, or a
-    second crash, fails the test.
-    """
-    code, output = _bench_once(args, out_dir, budget)
-    if code != 0 and _only_horovod_crashes(out_dir):
-        warnings.warn("cpsgd-bench: a Horovod job crashed inside MXNet/Horovod; running "
-                      "the bench once more. First output:\n%s" % output[-3000:])
-        out_dir = out_dir + "-again"
-        code, output = _bench_once(args, out_dir, budget)
-    assert code == 0, output[-3000:]
-    with open(os.path.join(out_dir, "results.json")) as f:
-        return json.load(f)
-
-
-def _only_horovod_crashes(out_dir):
-    """True if results.json exists and every failed run is an all-reduce job whose
-    failure text shows the crash signature."""
-    try:
-        with open(os.path.join(out_dir, "results.json")) as f:
-            runs = json.load(f)["runs"]
-    except (OSError, ValueError, KeyError):
-        return False
-    failed = [r for r in runs if r.get("failure")]
-    return bool(failed) and all(r.get("allreduce") and shows_horovod_crash(r["failure"])
-                                for r in failed)
-
-
-def _bench_once(args, out_dir, budget):
-    """One cpsgd-bench invocation; returns (returncode, output)."""
+    """Run cpsgd-bench with ``args``; returns its results.json."""
     cmd = [sys.executable, "-m", "mxnet_cpsgd.bench", "--no-progress", "--out-dir",
            out_dir] + list(args)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -121,7 +88,9 @@ def _bench_once(args, out_dir, budget):
         left = left or _teardown(proc, out_dir)
     print(output)
     assert not left, "namespaces/links left behind: %s" % left
-    return proc.returncode, output
+    assert proc.returncode == 0, output[-3000:]
+    with open(os.path.join(out_dir, "results.json")) as f:
+        return json.load(f)
 
 
 def _horovod_available():

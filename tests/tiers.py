@@ -27,6 +27,7 @@ FAST = {
                       "test_plot_workers_scaling_table_and_throughput"],
     "test_bench_scaling.py": ["*"],
     "test_checkpoints.py": ["test_unwritable_checkpoint_dir_is_an_error_before_training"],
+    "test_horovod_rerun.py": ["*"],
     "test_compressors.py": ["test_bad_knobs_fail_before_the_first_step",
                             "test_stores_are_registered"],
     "test_cp_compressors.py": ["test_bad_combinations_fail_before_the_first_step"],
