@@ -561,3 +561,15 @@ def test_every_store_knob_is_recorded_in_run_json():
     from mxnet_cpsgd.stores.config import KNOBS as STORE_KNOBS
     assert set(KNOBS) == set(STORE_KNOBS) - {"type"}
     assert {"correction_schedule", "ratio", "rank", "correction_residual"} <= set(KNOBS)
+
+
+def test_reproduce_json_carries_each_experiments_min_seeds(tmp_path):
+    """An experiment's own equivalence_min_seeds reaches reproduce.json, where the
+    report reads it (the spec's value stays the default for the others)."""
+    spec = dict(SPEC, equivalence_margin=0.5, equivalence_min_seeds=5,
+                experiments=[{"name": "short"}, {"name": "long", "equivalence_min_seeds": 3}])
+    out = str(tmp_path / "out")
+    reproduce.write_reproduce_meta(out, spec, None, "cpsgd-reproduce", reproduce.expand(spec))
+    with open(os.path.join(out, "reproduce.json")) as f:
+        meta = json.load(f)
+    assert report.min_seeds_by_experiment(meta) == {None: 5, "long": 3}

@@ -284,7 +284,8 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "seeds": sorted({p.seed for p in ps}),
             "labels": list(dict.fromkeys(p.label for p in ps)),
             "env": ps[0].env if ps else {},
-            "purpose": exp.get("purpose", "both")})
+            "purpose": exp.get("purpose", "both"),
+            "equivalence_min_seeds": exp.get("equivalence_min_seeds")})
     meta = {"experiments": experiments, "name": spec.get("name"), "title": spec.get("title"),
             "description": spec.get("description"), "notes": spec.get("notes"),
             "spec_path": spec_path, "command": command, "script": spec.get("script"),
