@@ -270,6 +270,24 @@ def test_a_run_in_progress_is_listed_not_compared(tmp_path):
     assert "| m2/k5-M2-loopback-s1 | failed |" in rep.markdown   # still in the runs list
 
 
+def test_a_run_running_now_is_listed_not_compared(tmp_path):
+    """A run whose sitting is running (or was killed: run.json says "running") is
+    kept out of the tables like one stopped between sittings."""
+    r = str(tmp_path)
+    _write(r, "SSGD", 1, 0.88)
+    _write(r, "k5", 1, 0.30)
+    path = os.path.join(r, "runs", "m2", "k5-M2-loopback-s1", "run.json")
+    with open(path) as f:
+        meta = json.load(f)
+    meta.update(status="running", expected_epochs=10, sittings=[])
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    rep = report.generate(r, plots=False)
+    assert [row["label"] for row in rep.accuracy_rows] == ["SSGD"]
+    assert "m2/k5-M2-loopback-s1, %d of 10 epochs logged" % EPOCHS in rep.markdown
+    assert "| m2/k5-M2-loopback-s1 | running |" in rep.markdown
+
+
 def test_t90_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 4, 9, 30):

@@ -88,9 +88,10 @@ def sittings_note(meta: Dict[str, object]) -> str:
 
 
 def in_progress(run: Run) -> bool:
-    """A run that went on over sittings (``sittings`` in run.json) and has not
-    finished: it resumes from its checkpoint with the same command."""
-    return bool(run.meta.get("sittings")) and run.status != "ok"
+    """A run that has not finished and goes on: one running now (or whose sitting was
+    killed: ``running`` in run.json), or one that went on over sittings and stopped
+    (it resumes from its checkpoint with the same command)."""
+    return run.status == "running" or (bool(run.meta.get("sittings")) and run.status != "ok")
 
 
 def runs_section(runs: Sequence[Run]) -> List[str]:
@@ -108,8 +109,8 @@ def runs_section(runs: Sequence[Run]) -> List[str]:
                      "code", "note"], rows, ["l"] * 3 + ["r"] * 5 + ["l", "l"]), ""]
     going = [r for r in runs if in_progress(r)]
     if going:
-        md += ["In progress (resumable from their newest checkpoint with the same command; "
-               "left out of every table and figure above): " + "; ".join(
+        md += ["In progress (running, or resumable from their newest checkpoint with the "
+               "same command; left out of every table and figure above): " + "; ".join(
                    "%s, %d of %s epochs logged" % (
                        r.meta.get("run_id"), len(epoch_series(r)),
                        r.meta.get("expected_epochs") or "?") for r in going) + ".", ""]
