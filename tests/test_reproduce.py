@@ -414,9 +414,9 @@ def _pids_with_arg(text):
 
 def test_a_run_another_process_is_running_is_left_alone(tmp_path):
     """A run whose run.json says "running" for a live process on this host is
-    skipped with a message naming that process (its files untouched, exit 1); once
-    that process is gone, the same command takes the run over (here: nothing to
-    resume from, so it starts afresh)."""
+    skipped with a message naming that process (its files untouched, exit 1); marked
+    so by another host, it is taken over with a warning (here: nothing to resume
+    from, so it starts afresh)."""
     import subprocess
     spec = dict(SPEC, runs=SPEC["runs"][:1], checkpoint_every=10)
     out = str(tmp_path / "out")
@@ -438,15 +438,21 @@ def test_a_run_another_process_is_running_is_left_alone(tmp_path):
         assert read_run(run_dir).meta["status"] == "running"
         assert os.path.isdir(os.path.join(run_dir, reproduce.CHECKPOINTS_DIR,
                                           "iter-000000010"))
+        # the same mark from another host (files moved here, or that host went down):
+        # taken over with a warning; no checkpoint is complete, so it starts afresh
+        logs.write_json(os.path.join(run_dir, "run.json"), dict(meta, host="elsewhere"))
+        assert reproduce.resume_point(plan, run_dir) is None
+        lines = []
+        code = reproduce.reproduce(spec, out, only=[plan.run_id], allow_dirty=True,
+                                   report=False, progress=_Lines(lines))
+        said = "\n".join(lines)
+        assert code == 0, said
+        assert "running on host elsewhere (pid %d" % holder.pid in said
+        assert "taking it over" in said
+        assert read_run(run_dir).meta["status"] == "ok"
     finally:
         holder.kill()
         holder.wait()
-    # the holder is gone and no checkpoint is complete: the run starts afresh
-    assert reproduce.resume_point(plan, run_dir) is None
-    code = reproduce.reproduce(spec, out, only=[plan.run_id], allow_dirty=True,
-                               report=False, progress=_Lines([]))
-    assert code == 0
-    assert read_run(run_dir).meta["status"] == "ok"
 
 
 class _Lines:

@@ -342,11 +342,15 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: complete, skipped" % (i, len(chosen), plan.run_id))
             continue
         _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id, plan.launch_text()))
-        busy = None if force else sittings.held_elsewhere(_read_meta(run_dir))
+        earlier = _read_meta(run_dir)
+        busy = None if force else sittings.held_elsewhere(earlier)
         if busy:
             _say(progress, "[%d/%d] %s: skipped: %s" % (i, len(chosen), plan.run_id, busy))
             failed += 1
             continue
+        if sittings.taken_over(earlier):
+            _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id,
+                                                sittings.taken_over(earlier)))
         point = None if force else resume_point(plan, run_dir)
         if point is not None:
             _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,

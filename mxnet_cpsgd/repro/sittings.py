@@ -7,7 +7,8 @@ never writes its end: the next sitting finds ``running`` with a process that is
 gone, resumes from the newest complete checkpoint like after a failure, and
 records the killed sitting with the time its output was last written as its end.
 A ``running`` run whose process is alive on this host is another reproduction
-at work on it: it is left alone.
+at work on it: it is left alone.  One marked ``running`` on another host is taken
+over with a warning (the files were moved, or that host went down).
 """
 import datetime
 import os
@@ -49,18 +50,25 @@ def running_fields(previous: Optional[Dict[str, object]], run_dir: str,
 
 def held_elsewhere(meta: Optional[Dict[str, object]]) -> Optional[str]:
     """Why a run must be left alone: its ``run.json`` says ``running`` and that
-    process is alive (on this host, or on another host we cannot check); None
-    when nothing runs it."""
-    if not meta or meta.get("status") != RUNNING:
+    process is alive on this host; None otherwise."""
+    if not meta or meta.get("status") != RUNNING or meta.get("host") != socket.gethostname():
         return None
-    pid, host = meta.get("pid"), meta.get("host")
-    since = meta.get("sitting_started")
-    if host != socket.gethostname():
-        return "run.json says it is running on host %s (pid %s, since %s); if that " \
-               "process is gone, remove run.json's status or use --force" % (host, pid, since)
+    pid = meta.get("pid")
     if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
-        return "process %d on this host is running it (since %s)" % (pid, since)
+        return "process %d on this host is running it (since %s)" % (
+            pid, meta.get("sitting_started"))
     return None
+
+
+def taken_over(meta: Optional[Dict[str, object]]) -> Optional[str]:
+    """A warning when a run marked ``running`` on another host is taken over (its
+    files were moved here, or that host went down; whether its process still runs
+    there cannot be checked from here)."""
+    if not meta or meta.get("status") != RUNNING or meta.get("host") == socket.gethostname():
+        return None
+    return ("run.json says it was running on host %s (pid %s, since %s); taking it over "
+            "(if it still runs there, stop one of the two)" % (
+                meta.get("host"), meta.get("pid"), meta.get("sitting_started")))
 
 
 def _alive(pid: int) -> bool:
