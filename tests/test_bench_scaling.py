@@ -201,3 +201,33 @@ def test_exchange_bound_table_without_a_compute_only_job():
         "%.1f" % next(r["transfer_bound_ms"] for r in sixteen["rows"]
                       if r["algorithm"] == "cpsgd")]
     assert _cells(alone.stdout, "best possible: compute / fp16") == ["-"]
+
+
+def test_exchange_bound_table_puts_two_occasions_side_by_side():
+    """--across with two files of 2 workers (two occasions) and one of 4: one
+    column per worker count, the 2-worker cells "a / b" in the order given, each
+    file's efficiency from its own compute-only job, each ratio from its own file."""
+    first, second = ("exchange-bound-n2-100-45mbit-results.json",
+                     "exchange-bound-n2-100-45mbit-results-2.json")
+    four = "exchange-bound-n4-150-70mbit-results.json"
+    done = _table_script("--across", first, four, second)
+    assert done.returncode == 0, done.stderr
+    balanced, bound = done.stdout.split("### Exchange-bound point")
+    assert "| algorithm | 2 workers (45mbit, x10) | 4 workers (70mbit, x10) |" in bound
+    runs = [_load(first), _load(second)]
+    assert _cells(bound, "compute only") == [
+        "%.1f / %.1f" % tuple(r["compute_ms"] for r in runs), "%.1f" % _load(four)["compute_ms"]]
+    for table, rate in ((balanced, "100mbit"), (bound, "45mbit")):
+        for algorithm in ("cpsgd", "horovod", "cpsgd_fp16", "powersgd"):
+            ms = [_row_ms(r, algorithm, rate) for r in runs]
+            assert _cells(table, algorithm)[0] == "%.1f / %.1f (%.2f / %.2f)" % (
+                ms[0], ms[1], runs[0]["compute_ms"] / ms[0], runs[1]["compute_ms"] / ms[1])
+        assert _cells(table, "cpsgd_fp16 / horovod")[0] == " / ".join(
+            "%.2f" % (_row_ms(r, "cpsgd_fp16", rate) / _row_ms(r, "horovod", rate))
+            for r in runs)
+    assert "a / b: the files of a worker count in the order given" in done.stdout
+
+    # one column is one point: a 2-worker file of other rates is refused
+    mixed = _table_script("--across", first, "dilated-scale-n2-a-results.json")
+    assert mixed.returncode != 0
+    assert "2-worker files differ in rates" in mixed.stderr

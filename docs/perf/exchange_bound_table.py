@@ -8,7 +8,10 @@ efficiency (the invocation's compute-only time / ms per iteration), the transfer
 bound and the CPU floor's share; then the ratios the targets are about (cp-X / X,
 cp-X / horovod, cpsgd / horovod) and the best any store could reach there
 (compute / X).  With --across: two tables (each file's faster rate = balanced
-point, its slower rate = exchange-bound point), one column per file.
+point, its slower rate = exchange-bound point), one column per worker count;
+several files of one worker count (invocations on different occasions, which
+must share rates and dilation) share its column, each cell holding every
+file's figure in the order given ("a / b", "-" where one did not run it).
 
 A file without a compute-only job (cpsgd-bench --no-compute-only) has no
 efficiencies and no "compute / X": those show "-" (the times stay), and a line
@@ -102,27 +105,64 @@ def main(paths):
         print()
 
 
+def joined(values):
+    """One cell of a worker count's files: "a / b", or "-" when none has a value."""
+    return " / ".join(values) if any(v != "-" for v in values) else "-"
+
+
+def grouped(paths):
+    """[(workers, [load(path) of that worker count's files, in the order given])];
+    exits when files of one worker count differ in rates or dilation."""
+    groups = {}
+    for path in paths:
+        res, by, rates = load(path)
+        groups.setdefault(res["config"]["num_workers"], []).append((path, (res, by, rates)))
+    for n, members in groups.items():
+        first_path, (first, _, _) = members[0]
+        for path, (res, _, _) in members[1:]:
+            for key in ("rates", "time_scale"):
+                if res["config"].get(key) != first["config"].get(key):
+                    sys.exit("exchange_bound_table.py: %d-worker files differ in %s (%s, %s): "
+                             "one column holds one point" % (n, key, first_path, path))
+    return [(n, [col for _, col in members]) for n, members in groups.items()]
+
+
+def group_cell(cols, rate_idx, alg):
+    """ms/iter of every file ("a / b") and, in brackets, each one's efficiency."""
+    rows = [measured(by, rates[rate_idx], alg) for _, by, rates in cols]
+    if not any(rows):
+        return "-"
+    return "%s (%s)" % (
+        " / ".join(fmt(r and r["mean_ms"], "%.1f") for r in rows),
+        " / ".join(fmt(res["compute_ms"] / r["mean_ms"] if r and res["compute_ms"] is not None
+                       else None, "%.2f") for r, (res, _, _) in zip(rows, cols)))
+
+
 def across(paths):
-    cols = [load(path) for path in paths]
+    groups = grouped(paths)
     for point, idx in (("balanced point", 0), ("exchange-bound point", -1)):
-        head = ["%s (%s, x%g)" % ("%s workers" % res["config"]["num_workers"], rates[idx],
-                                   res["config"]["time_scale"])
-                for res, by, rates in cols]
+        head = ["%s workers (%s, x%g)" % (n, cols[0][2][idx], cols[0][0]["config"]["time_scale"])
+                for n, cols in groups]
         print("### %s\n" % point.capitalize())
         print("| algorithm | " + " | ".join(head) + " |")
-        print("|---|" + "---:|" * len(cols))
-        print("| compute only | " + " | ".join(fmt(res["compute_ms"], "%.1f")
-                                               for res, _, _ in cols) + " |")
+        print("|---|" + "---:|" * len(groups))
+        print("| compute only | " + " | ".join(
+            joined([fmt(res["compute_ms"], "%.1f") for res, _, _ in cols])
+            for _, cols in groups) + " |")
         for alg in ORDER:
-            print("| %s | %s |" % (alg, " | ".join(cell(by, rates[idx], alg, res["compute_ms"])
-                                                  for res, by, rates in cols)))
+            print("| %s | %s |" % (alg, " | ".join(group_cell(cols, idx, alg)
+                                                  for _, cols in groups)))
         for a, b in RATIOS:
-            print("| %s / %s | %s |" % (a, b, " | ".join(ratio(by, rates[idx], a, b)
-                                                        for res, by, rates in cols)))
+            print("| %s / %s | %s |" % (a, b, " | ".join(
+                joined([ratio(by, rates[idx], a, b) for _, by, rates in cols])
+                for _, cols in groups)))
         for x in BEST_OF:
             print("| best possible: compute / %s | %s |" % (x, " | ".join(
-                best(by, rates[idx], x, res["compute_ms"]) for res, by, rates in cols)))
+                joined([best(by, rates[idx], x, res["compute_ms"]) for res, by, rates in cols])
+                for _, cols in groups)))
         print()
+    if any(len(cols) > 1 for _, cols in groups):
+        print("a / b: the files of a worker count in the order given")
 
 
 if __name__ == "__main__":
