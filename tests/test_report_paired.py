@@ -251,41 +251,29 @@ def test_chosen_comparison_without_the_seeds_that_did_not_train(tmp_path):
     assert cells[1][7] == "%+.2f" % (sum(kept) / 2)
 
 
-def test_a_run_in_progress_is_listed_not_compared(tmp_path):
-    """A resumable run stopped between sittings: its last logged epoch is not its
-    final one, so it is listed as in progress and kept out of the tables."""
+@pytest.mark.parametrize("state", [
+    # a resumable run stopped between sittings: its last logged epoch is not its final one
+    {"status": "failed", "failure": "received SIGTERM",
+     "sittings": [{"status": "failed", "resumed_from_iteration": None}]},
+    # a sitting under way, or killed before it could write its end
+    {"status": "running", "sittings": []},
+], ids=["stopped", "running"])
+def test_a_run_in_progress_is_listed_not_compared(tmp_path, state):
+    """A run in progress is listed as such (and in the runs list with its status)
+    and kept out of the tables."""
     r = str(tmp_path)
     _write(r, "SSGD", 1, 0.88)
     _write(r, "k5", 1, 0.30)
     path = os.path.join(r, "runs", "m2", "k5-M2-loopback-s1", "run.json")
     with open(path) as f:
         meta = json.load(f)
-    meta.update(status="failed", failure="received SIGTERM", expected_epochs=10,
-                sittings=[{"status": "failed", "resumed_from_iteration": None}])
+    meta.update(state, expected_epochs=10)
     with open(path, "w") as f:
         json.dump(meta, f)
     rep = report.generate(r, plots=False)
     assert [row["label"] for row in rep.accuracy_rows] == ["SSGD"]
     assert "m2/k5-M2-loopback-s1, %d of 10 epochs logged" % EPOCHS in rep.markdown
-    assert "| m2/k5-M2-loopback-s1 | failed |" in rep.markdown   # still in the runs list
-
-
-def test_a_run_running_now_is_listed_not_compared(tmp_path):
-    """A run whose sitting is running (or was killed: run.json says "running") is
-    kept out of the tables like one stopped between sittings."""
-    r = str(tmp_path)
-    _write(r, "SSGD", 1, 0.88)
-    _write(r, "k5", 1, 0.30)
-    path = os.path.join(r, "runs", "m2", "k5-M2-loopback-s1", "run.json")
-    with open(path) as f:
-        meta = json.load(f)
-    meta.update(status="running", expected_epochs=10, sittings=[])
-    with open(path, "w") as f:
-        json.dump(meta, f)
-    rep = report.generate(r, plots=False)
-    assert [row["label"] for row in rep.accuracy_rows] == ["SSGD"]
-    assert "m2/k5-M2-loopback-s1, %d of 10 epochs logged" % EPOCHS in rep.markdown
-    assert "| m2/k5-M2-loopback-s1 | running |" in rep.markdown
+    assert "| m2/k5-M2-loopback-s1 | %s |" % state["status"] in rep.markdown
 
 
 def test_t90_matches_scipy():
