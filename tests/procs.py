@@ -62,10 +62,10 @@ def kill_marked(tries=3, **wanted):
 #: printed MXNet's "Segmentation fault: 11" and its waitall raised oneDNN's "could not
 #: execute a primitive" (70 runs of that job in a loop, 30 of them with both cores
 #: busy, passed); a worker of cpsgd-bench's topk job (Horovod all-gathers) ended with
-#: SIGSEGV in its warm-up (69 runs of that job in a loop, beside a training job, passed).  Tests that run
-#: Horovod jobs run again once when they fail with it, and only then: a test
-#: (tests/horovod_rerun.py), or the job alone where a module's fixture runs it for many
-#: tests (test_horovod.run_horovod_job).
+#: SIGSEGV in its warm-up (69 runs of that job in a loop, beside a training job,
+#: passed).  Tests that run Horovod jobs run again once when they fail with it, and
+#: only then: a test (tests/horovod_rerun.py), or the job alone where a module's fixture
+#: runs it for many tests (test_horovod.run_horovod_job).
 HOROVOD_CRASH = ("Segmentation fault", "could not execute a primitive", "signal SIGSEGV")
 
 
