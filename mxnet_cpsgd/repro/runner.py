@@ -348,9 +348,9 @@ def reproduce(spec: Dict[str, object], out: str, spec_path: Optional[str] = None
             _say(progress, "[%d/%d] %s: skipped: %s" % (i, len(chosen), plan.run_id, busy))
             failed += 1
             continue
-        if sittings.taken_over(earlier):
-            _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id,
-                                                sittings.taken_over(earlier)))
+        warning = sittings.taken_over(earlier)
+        if warning:
+            _say(progress, "[%d/%d] %s: %s" % (i, len(chosen), plan.run_id, warning))
         point = None if force else resume_point(plan, run_dir)
         if point is not None:
             _say(progress, "[%d/%d] %s: resuming from %s" % (i, len(chosen), plan.run_id,
