@@ -363,6 +363,8 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     resumed_again = int(os.path.basename(point2["checkpoint"]).split("-")[1])
     assert resumed_at < resumed_again < 300
 
+    killed_last_write = os.path.getmtime(os.path.join(run_dir, "output.log"))
+    time.sleep(1.1)  # run.json's times have whole seconds
     code = reproduce.main([spec_path, "-o", out, "--allow-dirty"])
     with open(os.path.join(run_dir, "output.log")) as f:
         output = f.read()
@@ -376,6 +378,11 @@ def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
                                                                resumed_again]
     assert [s["status"] for s in sittings] == ["failed", "killed", "ok"]
     assert sittings[1]["wall_time"] > 0 and sittings[1]["finished"]
+    # the killed sitting ended at its own last write, not at the third sitting's
+    import datetime
+    killed_end = datetime.datetime.fromisoformat(sittings[1]["finished"]).timestamp()
+    assert killed_end <= killed_last_write < datetime.datetime.fromisoformat(
+        sittings[2]["started"]).timestamp(), sittings
     assert run.meta["wall_time"] == pytest.approx(
         sum(s["wall_time"] for s in sittings), abs=0.03)
     for lines in run.records.values():

@@ -201,11 +201,14 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             return meta
         rate = None
     started, t0 = _now(), time.monotonic()
+    # before this sitting appends to output.log: a killed sitting's end is that
+    # file's last write
+    earlier = sittings.earlier_sittings(resume_from, run_dir)
     # while it runs: so that a sitting killed before it can write its end is
     # resumed (and not started afresh), and another reproduction leaves it alone
     logs.write_json(os.path.join(run_dir, logs.RUN_META), run_meta(
         plan, code=code, allow_dirty=allow_dirty, actual_rate=rate,
-        **sittings.running_fields(resume_from, run_dir, started)))
+        **sittings.running_fields(resume_from, earlier, started)))
     with open(os.path.join(run_dir, "output.log"), "a" if resume_from else "w") as log:
         if resume_from:
             log.write("cpsgd-reproduce: %s: resuming from %s\n"
@@ -232,7 +235,7 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
     if failure and failure.startswith("received SIG"):
         meta["interrupted"] = True
     if plan.checkpoint_every:
-        sittings.record_sitting(meta, resume_from, run_dir)
+        sittings.record_sitting(meta, resume_from, earlier, run_dir)
     logs.write_json(os.path.join(run_dir, logs.RUN_META), meta)
     return meta
 

@@ -37,10 +37,10 @@ def checkpoint_iteration(path: Optional[str]) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def running_fields(previous: Optional[Dict[str, object]], run_dir: str,
-                   started: str) -> Dict[str, object]:
-    """What ``run.json`` holds while a sitting runs, besides the run's own keys."""
-    earlier = earlier_sittings(previous, run_dir)
+def running_fields(previous: Optional[Dict[str, object]],
+                   earlier: List[Dict[str, object]], started: str) -> Dict[str, object]:
+    """What ``run.json`` holds while a sitting runs, besides the run's own keys
+    (``earlier``: :func:`earlier_sittings`, read before this sitting wrote anything)."""
     return {"status": RUNNING, "pid": os.getpid(), "host": socket.gethostname(),
             "sitting_started": started, "sitting_started_unix": time.time(),
             "resumed_from_iteration": checkpoint_iteration(
@@ -109,7 +109,10 @@ def killed_sitting(meta: Dict[str, object], run_dir: str) -> Dict[str, object]:
 def earlier_sittings(previous: Optional[Dict[str, object]],
                      run_dir: str) -> List[Dict[str, object]]:
     """The sittings before this one: those ``previous`` (the run.json this sitting
-    resumes from) lists, and the killed one it describes if it says ``running``."""
+    resumes from) lists, and the killed one it describes if it says ``running``.
+
+    Call it before this sitting appends to ``output.log``: a killed sitting's end
+    is read off that file's modification time."""
     if not previous:
         return []
     sittings = [dict(s) for s in previous.get("sittings") or []]
@@ -119,14 +122,15 @@ def earlier_sittings(previous: Optional[Dict[str, object]],
 
 
 def record_sitting(meta: Dict[str, object], previous: Optional[Dict[str, object]],
-                   run_dir: str) -> None:
-    """Add this sitting to ``meta["sittings"]`` after the earlier ones; the run's
+                   earlier: List[Dict[str, object]], run_dir: str) -> None:
+    """Add this sitting to ``meta["sittings"]`` after ``earlier`` (what
+    :func:`earlier_sittings` said when this sitting started); the run's
     ``started`` and ``wall_time`` become the first sitting's and the sum of those
     known (``wall_time_incomplete`` when a killed sitting's is not)."""
     sitting = {key: meta.get(key) for key in _SITTING_KEYS}
     sitting["resumed_from_iteration"] = checkpoint_iteration(
         previous["checkpoint"]) if previous else None
-    sittings = earlier_sittings(previous, run_dir)
+    sittings = [dict(s) for s in earlier]
     sittings.append(sitting)
     meta["sittings"] = sittings
     meta["started"] = sittings[0]["started"]
