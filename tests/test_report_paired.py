@@ -276,6 +276,27 @@ def test_a_run_in_progress_is_listed_not_compared(tmp_path, state):
     assert "| m2/k5-M2-loopback-s1 | %s |" % state["status"] in rep.markdown
 
 
+def test_a_killed_sitting_of_unknown_length_marks_the_wall_time(tmp_path):
+    """A run one of whose sittings was killed at an unknown time shows its wall time
+    as a lower bound (the known sittings' sum), and its sittings in the note."""
+    r = str(tmp_path)
+    _write(r, "SSGD", 1, 0.88)
+    path = os.path.join(r, "runs", "m2", "SSGD-M2-loopback-s1", "run.json")
+    with open(path) as f:
+        meta = json.load(f)
+    sittings = [{"status": "killed", "wall_time": None, "resumed_from_iteration": None},
+                {"status": "ok", "wall_time": 61.4, "resumed_from_iteration": 400}]
+    meta.update(sittings=sittings, wall_time=61.4, wall_time_incomplete=True)
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    md = report.generate(r, plots=False).markdown
+    row = [line for line in md.splitlines()
+           if line.startswith("| m2/SSGD-M2-loopback-s1 |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert cells[6] == ">= 61" and cells[9] == "2 sittings, resumed at iteration 400"
+
+
 def test_t90_matches_scipy():
     stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 4, 9, 30):

@@ -87,6 +87,15 @@ def sittings_note(meta: Dict[str, object]) -> str:
         ", ".join(str(s.get("resumed_from_iteration")) for s in sittings[1:]))
 
 
+def wall_text(meta: Dict[str, object]) -> str:
+    """The run's wall time in seconds; ``">= N"`` when a killed sitting's own is
+    unknown (N: the sum of the sittings' known times)."""
+    wall = meta.get("wall_time")
+    if not isinstance(wall, (int, float)):
+        return "n/a"
+    return (">= %.0f" if meta.get("wall_time_incomplete") else "%.0f") % wall
+
+
 def in_progress(run: Run) -> bool:
     """A run that has not finished and goes on: one running now (or whose sitting was
     killed: ``running`` in run.json), or one that went on over sittings and stopped
@@ -98,10 +107,8 @@ def runs_section(runs: Sequence[Run]) -> List[str]:
     md = ["## Runs", ""]
     rows = []
     for r in runs:
-        wall = r.meta.get("wall_time")
         rows.append([r.meta.get("run_id"), r.status, r.label, r.num_workers,
-                     r.rate or "loopback", r.meta.get("seed", "n/a"),
-                     "%.0f" % wall if isinstance(wall, (int, float)) else "n/a",
+                     r.rate or "loopback", r.meta.get("seed", "n/a"), wall_text(r.meta),
                      sum(1 for _ in epoch_series(r)), sittings_code_text(r.meta),
                      "; ".join(t for t in (sittings_note(r.meta), (
                          r.meta.get("failure") or "").replace("|", "/")[:120]) if t)])
