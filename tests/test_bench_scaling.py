@@ -227,7 +227,42 @@ def test_exchange_bound_table_puts_two_occasions_side_by_side():
             for r in runs)
     assert "a / b: the files of a worker count in the order given" in done.stdout
 
-    # one column is one point: a 2-worker file of other rates is refused
-    mixed = _table_script("--across", first, "dilated-scale-n2-a-results.json")
+
+
+def test_exchange_bound_table_joins_files_of_one_point(tmp_path):
+    """A worker count's files may hold one point or both: the 16-worker
+    exchange-bound-only file (90mbit), the scaling file (180mbit only) and the file
+    of both share the column; each cell shows '-' for a file without that point;
+    a file with a third rate is refused."""
+    xbound, scale, both = ("exchange-bound-n16-90mbit-results.json",
+                           "dilated-scale-n16-cut-results.json",
+                           "exchange-bound-n16-180-90mbit-results.json")
+    done = _table_script("--across", xbound, scale, both)
+    assert done.returncode == 0, done.stderr
+    balanced, bound = done.stdout.split("### Exchange-bound point")
+    assert "| algorithm | 16 workers (180mbit, x40) |" in balanced
+    assert "| algorithm | 16 workers (90mbit, x40) |" in bound
+    runs = [_load(p) for p in (xbound, scale, both)]
+    assert _cells(balanced, "compute only") == ["- / %.1f / %.1f" % (
+        runs[1]["compute_ms"], runs[2]["compute_ms"])]
+    assert _cells(bound, "compute only") == ["- / - / %.1f" % runs[2]["compute_ms"]]
+    cp = [_row_ms(r, "cpsgd", "180mbit") for r in runs[1:]]
+    assert _cells(balanced, "cpsgd") == ["- / %.1f / %.1f (- / %.2f / %.2f)" % (
+        cp[0], cp[1], runs[1]["compute_ms"] / cp[0], runs[2]["compute_ms"] / cp[1])]
+    fp = [_row_ms(r, "cpsgd_fp16", "90mbit") for r in (runs[0], runs[2])]
+    assert _cells(bound, "cpsgd_fp16") == ["%.1f / - / %.1f (- / - / %.2f)" % (
+        fp[0], fp[1], runs[2]["compute_ms"] / fp[1])]
+    assert _cells(bound, "cpsgd_fp16 / horovod") == [" / ".join(
+        "%.2f" % (_row_ms(r, "cpsgd_fp16", "90mbit") / _row_ms(r, "horovod", "90mbit"))
+        for r in (runs[0], runs[2])).replace(" / ", " / - / ", 1)]
+
+    # one column is one point each way: a file with a third rate is refused
+    third = _load(xbound)
+    third["config"]["rates"] = ["120mbit"]
+    for row in third["rows"]:
+        row["rate"] = "120mbit"
+    path = tmp_path / "third-rate.json"
+    path.write_text(json.dumps(third))
+    mixed = _table_script("--across", both, str(path))
     assert mixed.returncode != 0
-    assert "2-worker files differ in rates" in mixed.stderr
+    assert "16-worker files differ in rates" in mixed.stderr

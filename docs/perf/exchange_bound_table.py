@@ -7,11 +7,14 @@ Per file (one invocation) and rate: every algorithm's mean ms/iter with its
 efficiency (the invocation's compute-only time / ms per iteration), the transfer
 bound and the CPU floor's share; then the ratios the targets are about (cp-X / X,
 cp-X / horovod, cpsgd / horovod) and the best any store could reach there
-(compute / X).  With --across: two tables (each file's faster rate = balanced
-point, its slower rate = exchange-bound point), one column per worker count;
+(compute / X).  With --across: two tables (the balanced point and the
+exchange-bound point), one column per worker count;
 several files of one worker count (invocations on different occasions, which
-must share rates and dilation) share its column, each cell holding every
-file's figure in the order given ("a / b", "-" where one did not run it).
+must share the dilation) share its column, each cell holding every file's figure
+in the order given ("a / b", "-" where one did not run it).  A worker count's
+balanced point is the fastest rate among its files and its exchange-bound point the
+slowest; a file may hold one of the two (a scaling invocation at the balanced rate
+only) or both; a third rate is refused.
 
 A file without a compute-only job (cpsgd-bench --no-compute-only) has no
 efficiencies and no "compute / X": those show "-" (the times stay), and a line
@@ -111,25 +114,35 @@ def joined(values):
 
 
 def grouped(paths):
-    """[(workers, [load(path) of that worker count's files, in the order given])];
-    exits when files of one worker count differ in rates or dilation."""
+    """[(workers, [load(path) of that worker count's files, in the order given],
+    [balanced rate, exchange-bound rate])]: a worker count's balanced point is the
+    fastest rate of its files, its exchange-bound point the slowest; a file may hold
+    one of them or both (a one-rate file counts where its rate is).  Exits when
+    the files of one worker count hold more than two rates or differ in dilation."""
     groups = {}
     for path in paths:
         res, by, rates = load(path)
         groups.setdefault(res["config"]["num_workers"], []).append((path, (res, by, rates)))
+    out = []
     for n, members in groups.items():
         first_path, (first, _, _) = members[0]
         for path, (res, _, _) in members[1:]:
-            for key in ("rates", "time_scale"):
-                if res["config"].get(key) != first["config"].get(key):
-                    sys.exit("exchange_bound_table.py: %d-worker files differ in %s (%s, %s): "
-                             "one column holds one point" % (n, key, first_path, path))
-    return [(n, [col for _, col in members]) for n, members in groups.items()]
+            if res["config"].get("time_scale") != first["config"].get("time_scale"):
+                sys.exit("exchange_bound_table.py: %d-worker files differ in time_scale "
+                         "(%s, %s): one column holds one point" % (n, first_path, path))
+        rates = sorted({rate for _, (_, _, r) in members for rate in r}, key=rate_key,
+                       reverse=True)
+        if len(rates) > 2:
+            sys.exit("exchange_bound_table.py: %d-worker files differ in rates (%s: %s): "
+                     "one column holds one point, a balanced and an exchange-bound rate"
+                     % (n, ", ".join(path for path, _ in members), ", ".join(rates)))
+        out.append((n, [col for _, col in members], [rates[0], rates[-1]]))
+    return out
 
 
-def group_cell(cols, rate_idx, alg):
+def group_cell(cols, rate, alg):
     """ms/iter of every file ("a / b") and, in brackets, each one's efficiency."""
-    rows = [measured(by, rates[rate_idx], alg) for _, by, rates in cols]
+    rows = [measured(by, rate, alg) for _, by, _ in cols]
     if not any(rows):
         return "-"
     return "%s (%s)" % (
@@ -141,28 +154,31 @@ def group_cell(cols, rate_idx, alg):
 def across(paths):
     groups = grouped(paths)
     for point, idx in (("balanced point", 0), ("exchange-bound point", -1)):
-        head = ["%s workers (%s, x%g)" % (n, cols[0][2][idx], cols[0][0]["config"]["time_scale"])
-                for n, cols in groups]
+        head = ["%s workers (%s, x%g)" % (n, rates[idx], cols[0][0]["config"]["time_scale"])
+                for n, cols, rates in groups]
         print("### %s\n" % point.capitalize())
         print("| algorithm | " + " | ".join(head) + " |")
         print("|---|" + "---:|" * len(groups))
+        # a file without this point's rate has no compute-only time for it either
         print("| compute only | " + " | ".join(
-            joined([fmt(res["compute_ms"], "%.1f") for res, _, _ in cols])
-            for _, cols in groups) + " |")
+            joined([fmt(res["compute_ms"] if rates[idx] in file_rates else None, "%.1f")
+                    for res, _, file_rates in cols])
+            for _, cols, rates in groups) + " |")
         for alg in ORDER:
-            print("| %s | %s |" % (alg, " | ".join(group_cell(cols, idx, alg)
-                                                  for _, cols in groups)))
+            print("| %s | %s |" % (alg, " | ".join(group_cell(cols, rates[idx], alg)
+                                                  for _, cols, rates in groups)))
         for a, b in RATIOS:
             print("| %s / %s | %s |" % (a, b, " | ".join(
-                joined([ratio(by, rates[idx], a, b) for _, by, rates in cols])
-                for _, cols in groups)))
+                joined([ratio(by, rates[idx], a, b) for _, by, _ in cols])
+                for _, cols, rates in groups)))
         for x in BEST_OF:
             print("| best possible: compute / %s | %s |" % (x, " | ".join(
-                joined([best(by, rates[idx], x, res["compute_ms"]) for res, by, rates in cols])
-                for _, cols in groups)))
+                joined([best(by, rates[idx], x, res["compute_ms"]) for res, by, _ in cols])
+                for _, cols, rates in groups)))
         print()
-    if any(len(cols) > 1 for _, cols in groups):
-        print("a / b: the files of a worker count in the order given")
+    if any(len(cols) > 1 for _, cols, _ in groups):
+        print("a / b: the files of a worker count in the order given ('-': that file did "
+              "not run it at this point)")
 
 
 if __name__ == "__main__":
