@@ -217,6 +217,7 @@ def cancel_steps(cluster: SlurmCluster, launch_id: str, deadline: float,
     some could not be confirmed gone."""
     step_name = STEP_NAME_PREFIX + launch_id
     cancelled: List[str] = []
+    scancel_error = ""
     try:
         while True:
             left = _steps(cluster, step_name)
@@ -227,14 +228,14 @@ def cancel_steps(cluster: SlurmCluster, launch_id: str, deadline: float,
                 try:
                     _run(["scancel"] + fresh)
                     cancelled += fresh
-                except ssh.HostError:
+                except ssh.HostError as err:
                     # a step that ended between squeue and scancel makes scancel fail
                     # ("Invalid job id specified"); the next listing tells: one still
                     # listed is cancelled again until the deadline
-                    pass
+                    scancel_error = " (scancel: %s)" % err
             if time.monotonic() >= deadline:
-                note = "srun step%s %s of the job still listed after scancel" % (
-                    "" if len(left) == 1 else "s", ", ".join(left))
+                note = "srun step%s %s of the job still listed after scancel%s" % (
+                    "" if len(left) == 1 else "s", ", ".join(left), scancel_error)
                 message(note)
                 return note
             time.sleep(0.5)
