@@ -1,7 +1,8 @@
 """``cpsgd-bench --plot-workers`` with several invocations per worker count, fed
 the real results.json of docs/performance.md's Summary (docs/perf/): the "a / b"
 table and the plotted mean and spread against numpy on the same files, and the
-refusal to average invocations that measured different things; and
+refusal to average invocations that measured different things; ``--plot-rate``
+(each file reduced to its fastest or slowest rate) against the rows read here; and
 docs/perf/exchange_bound_table.py on a results.json without a compute-only job."""
 import json
 import os
@@ -13,7 +14,8 @@ import pytest
 
 from mxnet_cpsgd.bench.cli import main
 from mxnet_cpsgd.bench.output import scaling_table
-from mxnet_cpsgd.bench.scaling import group_by_workers, plotted_points, summary_table
+from mxnet_cpsgd.bench.scaling import (group_by_workers, keep_algorithms, one_rate_of,
+                                      plot_title, plotted_points, summary_table)
 
 PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf")
 TWICE = {2: ["dilated-scale-n2-a-results.json", "dilated-scale-n2-b-results.json"],
@@ -266,3 +268,161 @@ def test_exchange_bound_table_joins_files_of_one_point(tmp_path):
     mixed = _table_script("--across", both, str(path))
     assert mixed.returncode != 0
     assert "16-worker files differ in rates" in mixed.stderr
+
+
+# --plot-rate: each file reduced to its fastest or slowest rate before grouping
+XBOUND = {2: ["exchange-bound-n2-100-45mbit-results.json",
+              "exchange-bound-n2-100-45mbit-results-2.json"],
+          4: ["exchange-bound-n4-150-70mbit-results.json",
+              "exchange-bound-n4-150-70mbit-results-2.json"],
+          8: ["exchange-bound-n8-175-80mbit-results.json",
+              "exchange-bound-n8-175-80mbit-results-2.json"],
+          16: ["exchange-bound-n16-180-90mbit-results.json",
+               "exchange-bound-n16-90mbit-results.json"]}
+BALANCED_ONLY = {2: TWICE[2], 4: TWICE[4], 8: [ONCE[8]],
+                 16: ["dilated-scale-n16-cut-results.json"]}
+UNIT_BPS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def _bps(rate):
+    """Bits per second of '45mbit', '1gbit', '100kbit' (the test's own reading)."""
+    number = rate.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return float(number) * UNIT_BPS[rate[len(number):]]
+
+
+def _chosen_rate(result, which):
+    pick = max if which == "fastest" else min
+    return pick(result["config"]["rates"], key=_bps)
+
+
+def _cell(runs, algorithm, which):
+    """The summary cell of one worker count: each run's mean_ms at its chosen
+    rate ('-' where it did not run it) and its efficiency."""
+    ms = [next((r["mean_ms"] for r in run["rows"] if r["algorithm"] == algorithm
+                and r["rate"] == _chosen_rate(run, which)), None) for run in runs]
+    text = " / ".join("-" if m is None else "%.1f" % m for m in ms)
+    if len(runs) == 1 and ms[0] is not None and runs[0]["compute_ms"]:
+        return "%s (%.2f)" % (text, runs[0]["compute_ms"] / ms[0])
+    return "%s (%s)" % (text, " / ".join(
+        "-" if m is None or not run["compute_ms"] else "%.2f" % (run["compute_ms"] / m)
+        for run, m in zip(runs, ms)))
+
+
+@pytest.mark.parametrize("which,files", [
+    ("slowest", XBOUND),
+    # the balanced point: files of both points beside files of that point only
+    ("fastest", {n: XBOUND[n][:1] + BALANCED_ONLY[n] for n in (2, 4, 8, 16)})])
+def test_plot_rate_tables_hold_the_chosen_rate_of_each_file(tmp_path, capsys, which, files):
+    paths = [os.path.join(PERF, name) for n in sorted(files) for name in files[n]]
+    assert main(["--plot-workers"] + paths + ["--plot-rate", which, "--algorithms",
+                                              "ssgd,cpsgd,horovod,cpsgd_fp16",
+                                              "--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "scaling.md").read_text()
+    assert text.startswith("Each results file reduced to its %s rate" % which)
+    summary = text.split("\n\n")[1]
+    runs = {n: [_load(name) for name in files[n]] for n in files}
+    heading = []
+    for n in sorted(files):
+        rates = {_chosen_rate(r, which) for r in runs[n]}
+        assert len(rates) == 1
+        heading.append("%d workers (%s, x%g)" % (n, rates.pop(),
+                                                 runs[n][0]["config"]["time_scale"]))
+    assert summary.splitlines()[0] == "| algorithm | %s |" % " | ".join(heading)
+    for algorithm in ("ssgd", "cpsgd", "horovod", "cpsgd_fp16"):
+        expected = []
+        for n in sorted(files):
+            if not any(r["algorithm"] == algorithm for run in runs[n] for r in run["rows"]):
+                expected.append("-")
+            else:
+                expected.append(_cell(runs[n], algorithm, which))
+        assert _cells(summary, algorithm) == expected, algorithm
+    # one label per algorithm: no "cpsgd @ 45mbit"
+    assert "@" not in text
+    # the compute-only job is kept
+    assert _cells(summary, "compute only")[0] == " / ".join(
+        "%.1f" % run["compute_ms"] for run in runs[2])
+    # the plotted points are the means of those rows
+    reduced = []
+    for n in sorted(files):
+        reduced += [dict(run, config=dict(run["config"], rates=[_chosen_rate(run, which)]),
+                         rows=[r for r in run["rows"] if r["rate"] in
+                               ("-", _chosen_rate(run, which))]) for run in runs[n]]
+    points = plotted_points(group_by_workers(reduced), "time")
+    for n, mean, low, high, count in points["cpsgd"]:
+        ms = np.array([r["mean_ms"] for run in runs[n] for r in run["rows"]
+                       if r["algorithm"] == "cpsgd" and r["rate"] == _chosen_rate(run, which)])
+        assert (mean, low, high, count) == pytest.approx((ms.mean(), ms.min(), ms.max(), len(ms)))
+
+
+def test_plot_rate_compares_rates_by_value_and_names_the_choice():
+    """'1gbit' is faster than '45mbit' and '100kbit' slower (as strings they sort
+    the other way); the title says which rate of each file is drawn."""
+    result = _load(XBOUND[2][0])
+    renamed = {"100mbit": "1gbit", "45mbit": "100kbit"}
+    result["config"]["rates"] = ["45mbit", "1gbit", "100kbit"]
+    rows = []
+    for row in result["rows"]:
+        if row["rate"] in renamed:
+            rows.append(dict(row, rate=renamed[row["rate"]]))
+            if row["rate"] == "45mbit":
+                rows.append(dict(row, rate="45mbit", mean_ms=row["mean_ms"] + 1.0))
+        else:
+            rows.append(row)
+    result["rows"] = rows
+    for which, rate in (("fastest", "1gbit"), ("slowest", "100kbit")):
+        reduced = one_rate_of(result, which)
+        assert reduced["config"]["rates"] == [rate]
+        assert {r["rate"] for r in reduced["rows"]} == {"-", rate}
+        assert [r for r in reduced["rows"] if r["rate"] == rate] == [
+            r for r in rows if r["rate"] == rate]
+        title = plot_title(group_by_workers([reduced]), which)
+        assert "2: %s x10" % rate in title
+        assert title.endswith("the %s rate of each results file" % which)
+    assert result["config"]["rates"] == ["45mbit", "1gbit", "100kbit"]
+    assert "rate of each results file" not in plot_title(group_by_workers([_load(ONCE[8])]))
+
+
+@pytest.mark.parametrize("which,first,second,rates", [
+    ("fastest", "exchange-bound-n16-90mbit-results.json", "dilated-scale-n16-cut-results.json",
+     ("90mbit", "180mbit")),
+    ("slowest", "exchange-bound-n16-180-90mbit-results.json",
+     "dilated-scale-n16-cut-results.json", ("90mbit", "180mbit"))])
+def test_plot_rate_refuses_files_of_one_worker_count_at_different_rates(
+        tmp_path, capsys, which, first, second, rates):
+    first, second = os.path.join(PERF, first), os.path.join(PERF, second)
+    with pytest.raises(SystemExit) as exc:
+        main(["--plot-workers", first, second, "--plot-rate", which,
+              "--out-dir", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "the 16-worker results differ in rates (%s: %s; %s: %s)" % (
+        first, rates[0], second, rates[1]) in err
+    assert "with --plot-rate %s a file's rate is its %s one" % (which, which) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_plot_rate_two_rate_files_keep_every_rate(tmp_path, capsys):
+    """The default is unchanged: a file with two rates gives 'algorithm @ rate'
+    labels, and files of one worker count with different rate sets are refused."""
+    both = os.path.join(PERF, XBOUND[16][0])
+    assert main(["--plot-workers", both, "--algorithms", "cpsgd,horovod",
+                 "--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "scaling.md").read_text()
+    assert text == scaling_table([keep_algorithms([_load(XBOUND[16][0])],
+                                                  ["cpsgd", "horovod"])[0]]) + "\n"
+    assert "| cpsgd @ 180mbit | 16 | 180mbit | %.1f |" % _row_ms(
+        _load(XBOUND[16][0]), "cpsgd", "180mbit") in text
+    assert "| cpsgd @ 90mbit | 16 | 90mbit | %.1f |" % _row_ms(
+        _load(XBOUND[16][0]), "cpsgd", "90mbit") in text
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--plot-workers", both, os.path.join(PERF, BALANCED_ONLY[16][0]),
+              "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "differ in rates (%s: 180mbit,90mbit; %s: 180mbit)" % (
+        both, os.path.join(PERF, BALANCED_ONLY[16][0])) in err
+    assert "--plot-rate" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["--rerender", both, "--plot-rate", "fastest"])
+    assert exc.value.code == 2
+    assert "--plot-rate is used only with --plot-workers" in capsys.readouterr().err

@@ -13,6 +13,7 @@ Usage::
 every table, file and plot (docs/performance.md).
     cpsgd-bench --plot-workers A/results.json B/results.json ... --out-dir DIR
         [--algorithms ssgd,cpsgd]   # several files of one -n: their mean and spread
+        [--plot-rate fastest|slowest]   # each file at one of its rates
 
 Placement (``--placement``): ``colocated`` (default) gives every worker its own
 emulated host (network namespace) that also runs one server, the scheduler on
@@ -200,6 +201,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.plot_rate and not args.plot_workers:
+        parser.error("--plot-rate is used only with --plot-workers")
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
     if args.plot_workers:
@@ -210,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         algorithms = [a.split("=", 1)[0].strip() for a in (args.algorithms or "").split(",")
                       if a.strip()]
         try:
-            table = plot_workers(args.plot_workers, out_dir, algorithms)
+            table = plot_workers(args.plot_workers, out_dir, algorithms, args.plot_rate)
         except BenchError as err:
             parser.error(str(err))
         print(table)

@@ -13,6 +13,7 @@ from mxnet_cpsgd.bench.worker import COMPUTE_ONLY, STOCK_SYNC, WORKLOADS
 
 from .runs import (BenchError, DEFAULT_ALGORITHMS, MODEL_ALIASES, UNSHAPED, parse_list,
                    parse_variants)
+from .scaling import PLOT_RATES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "model, batch, servers, placement, queue and emulated compute) are "
                         "one point: their mean, bars from the fastest to the slowest, and "
                         "scaling.md lists each one's time and efficiency as 'a / b'")
+    p.add_argument("--plot-rate", choices=PLOT_RATES, default=None,
+                   help="with --plot-workers: first reduce each results.json to one of its "
+                        "rates, its fastest (e.g. the balanced point) or its slowest (e.g. "
+                        "the exchange-bound point), keeping its compute-only job, so files "
+                        "that ran different rate sets share a plot; the files of one -n "
+                        "must then share that rate. Default: every rate of every file")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
     p.add_argument("--no-progress", action="store_true")
     return p

@@ -9,13 +9,19 @@ Invocations are averaged only where they measured the same thing: the same
 model, batch size, servers, placement, link queue, emulated compute, rates and
 time dilation (:func:`group_by_workers` refuses anything else).  What may differ
 is how long they timed and which algorithms they ran.
+
+With ``--plot-rate fastest|slowest`` each results.json is first reduced to one
+of its rates (:func:`one_rate_of`), so files that ran different rate sets (one
+point, or both the balanced and the exchange-bound point) share a plot; the
+invocations of a worker count must then share that chosen rate.
 """
 from typing import Dict, List, Optional, Sequence
 
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
+from mxnet_cpsgd.cluster import netem
 
 from .output import one_rate_each, scaling_table, timed_rows
-from .runs import BenchError, fmt_value
+from .runs import BenchError, fmt_value, rate_sort_key
 
 #: config keys that must agree between invocations averaged into one point,
 #: with the names the refusal uses and the value a key has when absent
@@ -25,6 +31,26 @@ SAME_SETTINGS = (("model", "model", None), ("batch_size", "batch size", None),
                  ("rates", "rates", []), ("time_scale", "time scale", 1))
 
 COMPUTE_LABEL = "compute only"
+
+#: ``--plot-rate`` choices: which of a file's rates it is reduced to
+PLOT_RATES = ("fastest", "slowest")
+
+
+def one_rate_of(result: dict, which: str) -> dict:
+    """The result reduced to its fastest or slowest rate (compared by bits per
+    second; an unshaped rate is the fastest): config "rates" that one, the rows
+    of the other rates dropped, the compute-only job's row (rate "-") kept."""
+    rates = list(result["config"].get("rates") or [])
+    if len(rates) < 2:
+        return result
+    try:
+        keyed = sorted(rates, key=rate_sort_key)
+    except netem.NetemError as err:
+        raise BenchError("--plot-rate: %s" % err)
+    chosen = keyed[-1] if which == "fastest" else keyed[0]
+    rows = [row for row in result["rows"]
+            if row["algorithm"] == COMPUTE_ONLY or row.get("rate") == chosen]
+    return dict(result, config=dict(result["config"], rates=[chosen]), rows=rows)
 
 
 def _setting(cfg: dict, key: str, absent):
@@ -36,11 +62,12 @@ def _setting(cfg: dict, key: str, absent):
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def group_by_workers(results: Sequence[dict],
-                     paths: Optional[Sequence[str]] = None) -> Dict[int, List[dict]]:
+def group_by_workers(results: Sequence[dict], paths: Optional[Sequence[str]] = None,
+                     plot_rate: Optional[str] = None) -> Dict[int, List[dict]]:
     """{workers: [results of that worker count, in the order given]}; raises
     :class:`BenchError` when invocations of one worker count differ in a setting
-    of :data:`SAME_SETTINGS` (their mean would mix two measurements)."""
+    of :data:`SAME_SETTINGS` (their mean would mix two measurements); with
+    ``plot_rate`` the refusal says that the rates compared are the chosen ones."""
     paths = list(paths) if paths is not None else ["result %d" % (i + 1)
                                                    for i in range(len(results))]
     groups: Dict[int, List[tuple]] = {}
@@ -58,7 +85,9 @@ def group_by_workers(results: Sequence[dict],
                         "%s): invocations with the same worker count are averaged into one "
                         "point, so they must share %s" % (
                             n, name, first_path, _shown(want), path, _shown(got),
-                            ", ".join(s[1] for s in SAME_SETTINGS)))
+                            ", ".join(s[1] for s in SAME_SETTINGS))
+                        + ("; with --plot-rate %s a file's rate is its %s one" % (
+                            plot_rate, plot_rate) if plot_rate and key == "rates" else ""))
     return {n: [r for _, r in members] for n, members in sorted(groups.items())}
 
 
@@ -173,20 +202,12 @@ def points_table(groups: Dict[int, List[dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot_scaling(groups: Dict[int, List[dict]], time_path: str,
-                 throughput_path: str) -> None:
-    """time_vs_workers and throughput_vs_workers: per algorithm the mean over a
-    worker count's invocations, bars from the fastest to the slowest where it
-    has several; the compute-only time (and the ideal throughput) dashed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
+def plot_title(groups: Dict[int, List[dict]], plot_rate: Optional[str] = None) -> str:
+    """The plots' title: the setting, each worker count's rate, dilation and
+    invocations and, with ``plot_rate``, which of each file's rates is drawn."""
     workers = sorted(groups)
     cfg = groups[workers[0]][0]["config"]
     several = any(len(groups[n]) > 1 for n in workers)
-    dilated = any((groups[n][0]["config"].get("time_scale") or 1) != 1 for n in workers)
     title = "%s, %s placement, %s\n%s\n%s" % (
         cfg["model"], cfg.get("placement", "separate"),
         "emulated compute %g ms" % cfg["emulate_compute"] if cfg.get("emulate_compute")
@@ -197,6 +218,24 @@ def plot_scaling(groups: Dict[int, List[dict]], time_path: str,
                   for n in workers),
         "workers: rate xD (invocations); the mean of the invocations, bars from the fastest "
         "to the slowest" if several else "workers: rate xD")
+    if plot_rate:
+        title += "\nthe %s rate of each results file" % plot_rate
+    return title
+
+
+def plot_scaling(groups: Dict[int, List[dict]], time_path: str,
+                 throughput_path: str, plot_rate: Optional[str] = None) -> None:
+    """time_vs_workers and throughput_vs_workers: per algorithm the mean over a
+    worker count's invocations, bars from the fastest to the slowest where it
+    has several; the compute-only time (and the ideal throughput) dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    workers = sorted(groups)
+    dilated = any((groups[n][0]["config"].get("time_scale") or 1) != 1 for n in workers)
+    title = plot_title(groups, plot_rate)
     for kind, path in (("time", time_path), ("throughput", throughput_path)):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for label, pts in plotted_points(groups, kind).items():
@@ -247,12 +286,15 @@ def keep_algorithms(results: List[dict], algorithms: Sequence[str]) -> List[dict
 
 
 def plot_workers(paths: Sequence[str], out_dir: str,
-                 algorithms: Optional[Sequence[str]] = None) -> str:
+                 algorithms: Optional[Sequence[str]] = None,
+                 plot_rate: Optional[str] = None) -> str:
     """``cpsgd-bench --plot-workers``: time_vs_workers.png,
     throughput_vs_workers.png and scaling.md in ``out_dir`` from several
     results.json; returns scaling.md's text: every invocation's row
     (:func:`.output.scaling_table`), after the "a / b" table and the plotted
-    points where a worker count has several invocations."""
+    points where a worker count has several invocations.  With ``plot_rate``
+    ('fastest' or 'slowest') every file is first reduced to that one of its
+    rates (:func:`one_rate_of`) and the text begins by saying so."""
     import json
     import os
 
@@ -260,12 +302,14 @@ def plot_workers(paths: Sequence[str], out_dir: str,
     for path in paths:
         with open(path) as f:
             results.append(json.load(f))
+    if plot_rate:
+        results = [one_rate_of(r, plot_rate) for r in results]
     if algorithms:
         results = keep_algorithms(results, algorithms)
-    groups = group_by_workers(results, paths)
+    groups = group_by_workers(results, paths, plot_rate)
     os.makedirs(out_dir, exist_ok=True)
     plot_scaling(groups, os.path.join(out_dir, "time_vs_workers.png"),
-                 os.path.join(out_dir, "throughput_vs_workers.png"))
+                 os.path.join(out_dir, "throughput_vs_workers.png"), plot_rate)
     text = scaling_table(results)
     if any(len(members) > 1 for members in groups.values()):
         text = "\n\n".join([
@@ -277,6 +321,9 @@ def plot_workers(paths: Sequence[str], out_dir: str,
             "invocations and, in brackets, the fastest-slowest of them (the bars):",
             points_table(groups),
             "Every invocation:", text])
+    if plot_rate:
+        text = ("Each results file reduced to its %s rate (--plot-rate %s; the compute-only "
+                "job kept).\n\n%s" % (plot_rate, plot_rate, text))
     with open(os.path.join(out_dir, "scaling.md"), "w") as f:
         f.write(text + "\n")
     return text
