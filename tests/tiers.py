@@ -49,6 +49,7 @@ FAST = {
     "test_procfs.py": ["*"],
     "test_reference.py": ["test_reference_*", "test_staggered_*",
                           "test_cpsgd_matches_reference[momentum-1server]"],
+    "test_rendezvous.py": ["*"],
     "test_report.py": ["*"],
     "test_report_paired.py": ["*"],
     "test_reproduce.py": ["*", "!test_tiny_grid_end_to_end",

@@ -7,11 +7,19 @@ its network namespace; the launcher gives 127.0.0.1 on one machine) for one
 slot per listed host (``localhost`` repeated M times: M slots on one host), and
 runs until it is stopped.  Horovod is imported
 only here, so the launcher itself never needs it.
+
+Each request may take ``--request-timeout`` seconds (default 60) to arrive whole.
+Horovod's own handler allows 3 s and then closes the connection without an
+answer, which Gloo's client counts as a failed request (it aborts the worker
+after three: "HTTP GET request failed too many times"); on a slow link, a
+dilated one or a loaded machine, 3 s of real time is not enough.
 """
 import argparse
 import signal
 import sys
 import time
+
+REQUEST_TIMEOUT_S = 60.0
 
 
 def main(argv=None):
@@ -21,7 +29,11 @@ def main(argv=None):
                    help="address to listen on (default: every address)")
     p.add_argument("--hosts", required=True,
                    help="comma-separated host names, one per worker in rank order")
+    p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
+                   help="seconds a request may take to arrive whole (default %(default)s)")
     args = p.parse_args(argv)
+    if not args.request_timeout > 0:
+        p.error("--request-timeout must be positive")
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
     import threading
@@ -32,7 +44,10 @@ def main(argv=None):
         counts[name] = counts.get(name, 0) + 1
     hosts = ",".join("%s:%d" % (name, n) for name, n in counts.items())
     plan = get_host_assignments(parse_hosts(hosts), len(names))
-    server = RendezvousHTTPServer((args.bind, args.port), RendezvousHandler, 0)
+    # a subclass per process: the timeout is a class attribute of the handler
+    handler = type("PatientRendezvousHandler", (RendezvousHandler,),
+                   {"timeout": args.request_timeout})
+    server = RendezvousHTTPServer((args.bind, args.port), handler, 0)
     server.init(plan)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
