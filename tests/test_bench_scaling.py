@@ -426,3 +426,20 @@ def test_without_plot_rate_two_rate_files_keep_every_rate(tmp_path, capsys):
         main(["--rerender", both, "--plot-rate", "fastest"])
     assert exc.value.code == 2
     assert "--plot-rate is used only with --plot-workers" in capsys.readouterr().err
+
+
+def test_exchange_bound_table_orders_rates_of_any_unit(tmp_path):
+    """The balanced point is a file's fastest rate whatever its unit: the 8-worker
+    file with 175mbit renamed 1gbit keeps 1gbit as its balanced point."""
+    result = _load("exchange-bound-n8-175-80mbit-results.json")
+    for row in result["rows"]:
+        if row["rate"] == "175mbit":
+            row["rate"] = "1gbit"
+    path = tmp_path / "gbit-results.json"
+    path.write_text(json.dumps(result))
+    done = _table_script("--across", str(path))
+    assert done.returncode == 0, done.stderr
+    balanced, exchange_bound = done.stdout.split("### Exchange-bound point")
+    for table, rate in ((balanced, "1gbit"), (exchange_bound, "80mbit")):
+        ms = _row_ms(result, "cpsgd", rate)
+        assert _cells(table, "cpsgd") == ["%.1f (%.2f)" % (ms, result["compute_ms"] / ms)]

@@ -21,6 +21,7 @@ efficiencies and no "compute / X": those show "-" (the times stay), and a line
 on stderr names the file.
 """
 import json
+import re
 import sys
 
 ORDER = ["ssgd", "bitsgd", "cpsgd", "horovod", "fp16", "cpsgd_fp16", "powersgd",
@@ -33,7 +34,10 @@ BEST_OF = ("horovod", "fp16", "powersgd")
 
 
 def rate_key(rate):
-    return float(rate.rstrip("mbit")) if rate.endswith("mbit") else 0.0
+    """Bits per second of a tc rate ("90mbit", "25gbit"); 0 for anything else.  (The
+    package's parser would import MXNet, which this script does without.)"""
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate)
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] if m else 0.0
 
 
 def load(path):
