@@ -3,6 +3,7 @@
 # which must be built without build isolation), and runs the test suite.
 # Arguments go to pytest; --fast runs only the fast tier (tests/tiers.py: every test
 # module's unit tests and one real 2-worker job per transport) instead of every test.
+# The 15 slowest tests are listed at the end (where to look when the suite grows).
 set -euo pipefail
 args=()
 for arg in "$@"; do
@@ -57,4 +58,4 @@ if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet'
     HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
         .venv/bin/pip install -q --no-build-isolation --no-cache-dir '.[horovod]'
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests ${args[@]+"${args[@]}"}
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests ${args[@]+"${args[@]}"}
