@@ -2,6 +2,7 @@
 on a real service process and raw sockets: a request that arrives slowly (as on a
 slow, dilated or loaded link) is answered, not dropped."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,3 +67,14 @@ def test_bad_request_timeout_is_rejected():
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=REPO))
     assert out.returncode == 2 and "--request-timeout must be positive" in out.stderr
+
+
+def test_listen_backlog_holds_many_pending_connections(service):
+    # Python's HTTP servers listen with a backlog of 5, which 32 polling workers
+    # overflowed ("Connection reset by peer"); ss shows a listener's backlog as Send-Q
+    ss = shutil.which("ss")
+    if ss is None:
+        pytest.skip("ss (iproute2) is not installed")
+    out = subprocess.run([ss, "-ltnH", "sport = :%d" % service], capture_output=True,
+                         text=True, timeout=30, check=True).stdout.split()
+    assert out[0] == "LISTEN" and int(out[2]) >= 128, out

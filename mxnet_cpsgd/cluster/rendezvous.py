@@ -8,6 +8,12 @@ slot per listed host (``localhost`` repeated M times: M slots on one host), and
 runs until it is stopped.  Horovod is imported
 only here, so the launcher itself never needs it.
 
+The service listens with a backlog of ``LISTEN_BACKLOG`` connections.  Horovod's
+own server keeps Python's default of 5: every worker polls with a new connection
+per request, and at 32 workers behind a slow link the queue overflowed (the
+host's ListenOverflows counter) and workers read "Connection reset by peer"
+until they aborted ("HTTP GET request failed too many times").
+
 Each request may take ``--request-timeout`` seconds (default 60) to arrive whole.
 Horovod's own handler allows 3 s and then closes the connection without an
 answer, which Gloo's client counts as a failed request (it aborts the worker
@@ -20,6 +26,9 @@ import sys
 import time
 
 REQUEST_TIMEOUT_S = 60.0
+#: pending connections the listening socket holds (the kernel caps it at
+#: net.core.somaxconn)
+LISTEN_BACKLOG = 1024
 
 
 def main(argv=None):
@@ -47,7 +56,9 @@ def main(argv=None):
     # a subclass per process: the timeout is a class attribute of the handler
     handler = type("PatientRendezvousHandler", (RendezvousHandler,),
                    {"timeout": args.request_timeout})
-    server = RendezvousHTTPServer((args.bind, args.port), handler, 0)
+    server_class = type("RendezvousServer", (RendezvousHTTPServer,),
+                        {"request_queue_size": LISTEN_BACKLOG})
+    server = server_class((args.bind, args.port), handler, 0)
     server.init(plan)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
