@@ -1,6 +1,7 @@
 """The rendezvous service of Horovod/Gloo jobs (mxnet_cpsgd.cluster.rendezvous),
 on a real service process and raw sockets: a request that arrives slowly (as on a
-slow, dilated or loaded link) is answered, not dropped."""
+slow, dilated or loaded link) is answered, not dropped, and the listening socket
+holds more pending connections than Python's default of 5."""
 import os
 import shutil
 import socket

@@ -8,17 +8,17 @@ slot per listed host (``localhost`` repeated M times: M slots on one host), and
 runs until it is stopped.  Horovod is imported
 only here, so the launcher itself never needs it.
 
-The service listens with a backlog of ``LISTEN_BACKLOG`` connections.  Horovod's
-own server keeps Python's default of 5: every worker polls with a new connection
-per request, and at 32 workers behind a slow link the queue overflowed (the
-host's ListenOverflows counter) and workers read "Connection reset by peer"
-until they aborted ("HTTP GET request failed too many times").
+A worker aborts after three failed requests in a row ("HTTP GET request failed
+too many times").  Two ways Horovod's own server fails them, both changed here:
 
-Each request may take ``--request-timeout`` seconds (default 60) to arrive whole.
-Horovod's own handler allows 3 s and then closes the connection without an
-answer, which Gloo's client counts as a failed request (it aborts the worker
-after three: "HTTP GET request failed too many times"); on a slow link, a
-dilated one or a loaded machine, 3 s of real time is not enough.
+* its listen backlog is Python's default of 5; every worker polls with a new
+  connection per request, and at 32 workers behind a slow link the queue
+  overflowed (the host's ListenOverflows counter) and workers read "Connection
+  reset by peer".  This service listens with ``LISTEN_BACKLOG``;
+* its handler closes a connection whose request has not arrived whole within
+  3 s, without an answer; on a slow link, a dilated one or a loaded machine 3 s
+  of real time is not enough.  Here a request may take ``--request-timeout``
+  seconds (default 60).
 """
 import argparse
 import signal
