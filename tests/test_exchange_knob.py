@@ -109,6 +109,10 @@ kv.set_gradient_compression({'rank': 2})
 assert kv.group_per_step is False and kv.config.exchange == 'per_step'
 kv.set_gradient_compression({'exchange': 'per_step'})
 assert kv.group_per_step is True
+# a subclass that sets the attribute (a prototype registering a per-key store) keeps it
+per_key_fp16 = type('FP16PerKey', (mx.kv.KVStoreBase.kv_registry['fp16'],),
+                    {'group_per_step': False})
+assert per_key_fp16().group_per_step is False
 print('ROUTES OK')
 """
 
