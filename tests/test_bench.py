@@ -105,11 +105,13 @@ def _horovod_available():
 @pytest.mark.skipif(not _horovod_available(), reason="horovod.mxnet not installed")
 def test_bench_horovod_in_emulated_hosts(tmp_path):
     """A 2-worker Horovod/Gloo run, each worker on its own emulated host (own
-    network and UTS namespace), an all-reduce compressor (topk) on the same
-    path, and cpsgd with colocated servers; the links with the 'fair' queue."""
+    network and UTS namespace), all-reduce compressors on the same path (topk,
+    and fp16 as a variant exchanging each key at once), and cpsgd with colocated
+    servers; the links with the 'fair' queue."""
     out_dir = str(tmp_path / "bench")
     result = _run_bench(["--model", "lenet", "-n", "2", "--batch-size", "16",
-                         "--rates", "100mbit", "--algorithms", "horovod,topk,cpsgd",
+                         "--rates", "100mbit",
+                         "--algorithms", "horovod,topk,fp16pk=fp16:exchange=per_key,cpsgd",
                          "--iters", "3", "--warmup-iters", "2", "--no-compute-only",
                          "--queue", "fair", "--job-timeout", "90"], out_dir, 400)
     assert result["config"]["placement"] == "colocated"
@@ -118,8 +120,11 @@ def test_bench_horovod_in_emulated_hosts(tmp_path):
     with open(os.path.join(out_dir, "results.md")) as f:
         assert "Shaped links' queue: fair" in f.read()
     rows = {r["algorithm"]: r for r in result["rows"]}
-    assert set(rows) == {"horovod", "topk", "cpsgd"}
+    assert set(rows) == {"horovod", "topk", "fp16pk", "cpsgd"}
     assert rows["topk"]["failure"] is None and rows["topk"]["vs_horovod"] > 0
+    assert rows["fp16pk"]["failure"] is None and rows["fp16pk"]["vs_horovod"] > 0
+    pk = next(r for r in result["runs"] if r["algorithm"] == "fp16pk")
+    assert (pk["store"], pk["knobs"]) == ("fp16", {"exchange": "per_key"}), pk
     hvd = rows["horovod"]
     assert hvd["failure"] is None and hvd["mean_ms"] > 0
     # a ring all-reduce of 2 workers moves about the gradient each way per link

@@ -186,7 +186,8 @@ import sys, mxnet as mx, mxnet_cpsgd
 from mxnet import autograd, gluon
 cases = [('topk', {'ratio': 0}), ('topk', {'ratio': -0.5}), ('topk', {'ratio': 1.5}),
          ('powersgd', {'rank': 0}), ('acpsgd', {'rank': 0}), ('acpsgd', {'rank': 2.5}),
-         ('signsgd', {'ratio': 0.1}), ('topk', {'rank': 2}), ('powersgd', {'threshold': 0.5})]
+         ('signsgd', {'ratio': 0.1}), ('topk', {'rank': 2}), ('powersgd', {'threshold': 0.5}),
+         ('signsgd', {'exchange': 'per_layer'})]
 for name, knobs in cases:
     net = gluon.nn.Dense(2, in_units=3)
     net.initialize()
@@ -203,7 +204,8 @@ for name, knobs in cases:
         print('CONFIG ERROR %s: %s' % (name, err))
         continue
     print('NO ERROR', name, knobs); sys.exit(1)
-for var, value, name in [('MXNET_CPSGD_RATIO', '0', 'topk'), ('MXNET_CPSGD_RANK', '0', 'acpsgd')]:
+for var, value, name in [('MXNET_CPSGD_RATIO', '0', 'topk'), ('MXNET_CPSGD_RANK', '0', 'acpsgd'),
+                         ('MXNET_CPSGD_EXCHANGE', 'sometimes', 'topk')]:
     import os
     os.environ[var] = value
     try:
@@ -232,13 +234,17 @@ def test_bad_knobs_fail_before_the_first_step():
             "CONFIG ERROR acpsgd: compression_params['rank'] must be an integer >= 1, got 0",
             "got 2.5",
             "compression_params['ratio'] is not used by kvstore 'signsgd'; it accepts: "
-            "warmup_steps",
-            "compression_params['rank'] is not used by kvstore 'topk'; it accepts: ratio, "
-            "warmup_steps",
+            "exchange, warmup_steps",
+            "compression_params['rank'] is not used by kvstore 'topk'; it accepts: "
+            "exchange, ratio, warmup_steps",
             "compression_params['threshold'] is not used by kvstore 'powersgd'; it accepts: "
-            "rank, warmup_steps",
+            "exchange, rank, warmup_steps",
+            "CONFIG ERROR signsgd: compression_params['exchange'] must be one of "
+            "'per_step', 'per_key', got 'per_layer'",
             "environment variable MXNET_CPSGD_RATIO must be in (0, 1]",
-            "environment variable MXNET_CPSGD_RANK must be an integer >= 1, got '0'"]:
+            "environment variable MXNET_CPSGD_RANK must be an integer >= 1, got '0'",
+            "CONFIG ERROR topk: environment variable MXNET_CPSGD_EXCHANGE must be one of "
+            "'per_step', 'per_key', got 'sometimes'"]:
         assert line in out, (line, out[-4000:])
 
 

@@ -62,12 +62,21 @@ RUNS = [
     _cp("cp-topk-k1", "topk", ratio=0.1, correction_period=1),
     _cp("cp-topk-all", "topk", ratio=1),
     _cp("cp-powersgd-full", "powersgd", rank=64),
+    # each key exchanged as soon as it is pushed: by the attribute, and by the knob
+    # exchange='per_key' through each of its routes
     dict(_cp("cp-powersgd", "powersgd", rank=2, warmup_steps=1, correction_period=4),
          label="cp-powersgd-per-key", group_per_step=False),
+    dict(_cp("cp-topk", "topk", ratio=0.1, exchange="per_key"), label="cp-topk-per-key"),
+    dict(_cp("cp-signsgd", "signsgd", exchange="per_key"), label="cp-signsgd-per-key-env",
+         route="env"),
+    dict(_cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5, exchange="per_key"),
+         label="cp-acpsgd-per-key-config", route="config"),
     dict(_cp("cp-topk", "topk", ratio=0.1), label="cp-topk-resumed", resume_at=7),
     dict(_cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5), label="cp-acpsgd-resumed",
          resume_at=6),
     {"label": "fp16", "kvstore": "fp16", "knobs": {"warmup_steps": 1}},
+    {"label": "fp16-per-key", "kvstore": "fp16",
+     "knobs": {"warmup_steps": 1, "exchange": "per_key"}},
     # momentum on the workers: u through the compressor and its error memory
     _cp("cp-topk-wm", "topk", ratio=0.1, momentum_path="worker"),
     _cp("cp-topk-wm-g", "topk", ratio=0.1, momentum_path="worker", local_input="gradient"),
@@ -191,12 +200,33 @@ def test_uncompressed_limits_equal_dense_cp(job, label):
                                                                                   prefix))
 
 
-def test_per_key_exchange_is_the_same_rule(job):
+#: (run exchanging each key on its own, the grouped run of the same settings)
+PER_KEY = [("cp-powersgd-per-key", "cp-powersgd"),            # group_per_step = False
+           ("cp-topk-per-key", "cp-topk"),                    # compression_params
+           ("cp-signsgd-per-key-env", "cp-signsgd"),          # MXNET_CPSGD_EXCHANGE
+           ("cp-acpsgd-per-key-config", "cp-acpsgd"),         # create(AlgorithmConfig)
+           ("fp16-per-key", "fp16")]                          # compression_params
+
+
+@pytest.mark.parametrize("per_key,grouped", PER_KEY)
+def test_per_key_exchange_is_the_same_rule(job, per_key, grouped):
+    """Each key exchanged as soon as it is pushed gives the grouped run's local
+    weights and W (the grouped runs match the numpy reference above)."""
     for r in range(WORKERS):
         for prefix in ("w:", "W:"):
-            _assert_close(_arrays(job("cp-powersgd-per-key")[r], prefix),
-                          _arrays(job("cp-powersgd")[r], prefix), EXACT_RTOL, EXACT_ATOL,
-                          "per key vs grouped, rank %d" % r)
+            _assert_close(_arrays(job(per_key)[r], prefix), _arrays(job(grouped)[r], prefix),
+                          EXACT_RTOL, EXACT_ATOL,
+                          "%s vs %s, rank %d, %s" % (per_key, grouped, r, prefix))
+
+
+@pytest.mark.parametrize("per_key,grouped", PER_KEY)
+def test_exchange_setting_selects_the_exchange(job, per_key, grouped):
+    """The store really exchanged key by key (its exchanges are keyed by the
+    Trainer's keys) in the per-key run and a step at a time in the grouped one."""
+    keys = {str(k) for k in range(len(job(grouped)[0]["keys"]))}
+    for r in range(WORKERS):
+        assert set(job(per_key)[r]["exchanges"]) == keys, (per_key, r)
+        assert set(job(grouped)[r]["exchanges"]) == {"step"}, (grouped, r)
 
 
 @pytest.mark.parametrize("label", ["cp-topk", "cp-acpsgd", "cp-topk-wm"])
@@ -271,7 +301,9 @@ cases = [('cpsgd_topk', {'threshold': 0.5}), ('cpsgd_topk', {'type': '2bit'}),
          ('cpsgd_acpsgd', {'correction_residual': 'reset'}), ('fp16', {'correction_period': 2}),
          ('topk', {'correction_residual': 'fold'}), ('cpsgd', {'correction_residual': 'fold'}),
          ('topk', {'momentum_path': 'worker'}), ('cpsgd_topk', {'momentum_path': 'both'}),
-         ('cpsgd_topk', {'local_input': 'gradient'})]
+         ('cpsgd_topk', {'local_input': 'gradient'}), ('cpsgd_fp16', {'exchange': 'grouped'}),
+         ('horovod', {'exchange': 'per_key'}), ('cpsgd', {'exchange': 'per_key'}),
+         ('bitsgd', {'exchange': 'per_step'})]
 for name, knobs in cases:
     net = gluon.nn.Dense(2, in_units=3)
     net.initialize()
@@ -325,6 +357,14 @@ def test_bad_combinations_fail_before_the_first_step():
             "CONFIG ERROR cpsgd_topk: compression_params['momentum_path'] must be one of "
             "'server', 'worker', got 'both'",
             "CONFIG ERROR cpsgd_topk: local_input='gradient' needs momentum_path='worker'",
+            "CONFIG ERROR cpsgd_fp16: compression_params['exchange'] must be one of "
+            "'per_step', 'per_key', got 'grouped'",
+            # the stores that exchange nothing compressed refuse the knob
+            "CONFIG ERROR horovod: compression_params['exchange'] is not used by kvstore "
+            "'horovod'; it accepts: no settings",
+            "CONFIG ERROR cpsgd: compression_params['exchange'] is not used by kvstore 'cpsgd'",
+            "CONFIG ERROR bitsgd: compression_params['exchange'] is not used by kvstore "
+            "'bitsgd'",
             "RUNTIME ERROR kvstore 'cpsgd_fp16' needs update_on_kvstore=True",
             "CONFIG ERROR env: environment variable MXNET_CPSGD_CORRECTION_RESIDUAL must be "
             "'carry'"]:

@@ -62,6 +62,9 @@ def test_variants_parse_and_type_knobs():
     ("a=ssgd,a=bitsgd", "used twice"),
     ("a/b=ssgd", "a label is letters"),
     ("compute=ssgd", "compute-only"),
+    ("pk=horovod:exchange=per_key", "store horovod does not use knob 'exchange'"),
+    ("pk=cpsgd:exchange=per_key", "store cpsgd does not use knob 'exchange'"),
+    ("pk=fp16:exchange=later", "must be one of 'per_step', 'per_key', got 'later'"),
 ])
 def test_variant_errors(algorithms, message):
     with pytest.raises(BenchError) as err:

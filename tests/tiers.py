@@ -32,6 +32,7 @@ FAST = {
                             "test_stores_are_registered"],
     "test_cp_compressors.py": ["test_bad_combinations_fail_before_the_first_step"],
     "test_data.py": ["*"],
+    "test_exchange_knob.py": ["*"],
     "test_docs.py": ["*"],
     "test_faults_campaign.py": ["test_plan_covers_every_kind_once_and_is_seeded"],
     "test_gpu_wheel.py": ["*"],

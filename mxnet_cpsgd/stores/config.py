@@ -162,6 +162,10 @@ KNOBS = {
     "local_input": (_choice("momentum", "gradient"),
                     "cpsgd with momentum_path='worker': what the local step reads, "
                     "'momentum' (u, default) or 'gradient' (g)"),
+    "exchange": (_choice("per_step", "per_key"),
+                 "compressing all-reduce stores: 'per_step' (a step's messages exchanged "
+                 "as one grouped operation once its last key is pushed) or 'per_key' "
+                 "(each key exchanged as soon as it is pushed)"),
 }
 
 
@@ -208,6 +212,13 @@ class AlgorithmConfig:
             through the compressor, the servers run plain SGD; ``bitsgd``, ``cpsgd``).
         local_input: ``cpsgd`` with ``momentum_path='worker'``: what the local step
             reads, ``'momentum'`` (u, default) or ``'gradient'`` (g).
+        exchange: the compressing all-reduce stores (``fp16``, ``signsgd``,
+            ``topk``, ``powersgd``, ``acpsgd`` and every ``cpsgd_<compressor>``):
+            ``'per_step'`` (default: a step's compressed messages are held until its
+            last key is pushed, then exchanged as one grouped Horovod operation per
+            round) or ``'per_key'`` (each key is exchanged as soon as it is pushed,
+            overlapping the rest of the backward pass).  The update rule is the
+            same; only when the collectives run differs.
     """
     algorithm: str
     threshold: Optional[float] = None
@@ -226,6 +237,7 @@ class AlgorithmConfig:
     correction_residual: Optional[str] = None
     momentum_path: Optional[str] = None
     local_input: Optional[str] = None
+    exchange: Optional[str] = None
 
     def knobs(self):
         """The knobs that are set, as a dict."""

@@ -41,7 +41,8 @@ KNOB_FLAGS = {
     "local_input": ("--local-input", str),
 }
 #: knobs with a fixed set of values: the flag lists them
-KNOB_CHOICES = {"momentum_path": ("server", "worker"), "local_input": ("momentum", "gradient")}
+KNOB_CHOICES = {"momentum_path": ("server", "worker"), "local_input": ("momentum", "gradient"),
+                "exchange": ("per_step", "per_key")}
 # knobs with no script flag: the compression type is always MXNet's 2-bit
 NO_FLAG_KNOBS = ("type",)
 

@@ -2,7 +2,10 @@
 
 Usage: ``compressed_worker.py OUT_DIR RUNS_JSON`` where RUNS_JSON is a list of
 ``{"label": str, "kvstore": name, "knobs": dict, "group_per_step": bool,
-"freeze": [names with grad_req='null']}`` (with
+"freeze": [names with grad_req='null'], "route": "params" | "env" | "config"}``
+(how the knobs reach the store: the Trainer's ``compression_params`` (default),
+``MXNET_CPSGD_<KNOB>`` variables set during the run, or
+``mxnet_cpsgd.create(AlgorithmConfig(...))``; with
 ``"api": true``: check the
 store's ``pushpull`` semantics directly instead of training, see :func:`check_api`;
 ``"resume_at": R``: after R steps save the Trainer's states, build the network and
@@ -16,7 +19,9 @@ there (summed over the batch, before ``pushpull``), plus the final weights.
 
 Output: ``OUT_DIR/<label>-rank<r>.npz`` with ``w:<param>`` of shape
 ``(ITERATIONS + 1, ...)``, ``g:<param>`` of shape ``(ITERATIONS, ...)`` and
-``keys``: the parameter names in the Trainer's key order; for the
+``keys``: the parameter names in the Trainer's key order; ``exchanges``: the
+slots of the store's last exchanges (``'step'`` for a step's grouped exchange, a
+key for a key exchanged on its own); for the
 ``cpsgd_<compressor>`` stores also ``W:<param>``, the store's global weights W
 after each step (index 0: the initial weights).
 """
@@ -28,7 +33,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
-import mxnet_cpsgd  # noqa: F401  (registers the stores)
+import mxnet_cpsgd  # registers the stores
 
 ITERATIONS = 12
 BATCH = 4
@@ -58,11 +63,21 @@ def _trainer(run, net):
     for name in run.get("freeze", ()):
         params[name].grad_req = "null"
     kvstore = run["kvstore"]
+    knobs = run.get("knobs") or None
+    if run.get("route") == "config":
+        kvstore = mxnet_cpsgd.create(mxnet_cpsgd.AlgorithmConfig(kvstore, **(knobs or {})))
+        knobs = None
     if "group_per_step" in run:
         kvstore = mx.kv.create(kvstore)
         kvstore.group_per_step = run["group_per_step"]
     return gluon.Trainer(params, "sgd", dict(OPTIMIZER), kvstore=kvstore,
-                         compression_params=run.get("knobs") or None)
+                         compression_params=knobs)
+
+
+def _exchange_slots(store):
+    """What the store's last exchanges were keyed by: 'step' (grouped) or keys."""
+    slots = {s[0] if isinstance(s, tuple) else s for s in getattr(store, "_in_flight", {})}
+    return np.array(sorted(str(s) for s in slots))
 
 
 def _global_weights(trainer, names):
@@ -73,6 +88,19 @@ def _global_weights(trainer, names):
 
 
 def train(run, rank, out_dir):
+    if run.get("route") != "env":
+        return _train(run, rank, out_dir)
+    # every knob as MXNET_CPSGD_<KNOB>, set while the store is built and configured
+    env = {"MXNET_CPSGD_" + k.upper(): str(v) for k, v in run["knobs"].items()}
+    os.environ.update(env)
+    try:
+        return _train(dict(run, knobs=None), rank, out_dir)
+    finally:
+        for name in env:
+            del os.environ[name]
+
+
+def _train(run, rank, out_dir):
     net = make_net()
     params = net.collect_params()
     names = sorted(params)
@@ -116,6 +144,7 @@ def train(run, rank, out_dir):
     arrays.update({"W:" + n: np.stack(globs[n]) for n in globs})
     # the Trainer's key of every parameter (its index in trainer._params)
     arrays["keys"] = np.array([p.name for p in trainer._params])
+    arrays["exchanges"] = _exchange_slots(store)
     arrays.update({"g:" + n: np.stack(gs[n]) for n in names})
     np.savez(os.path.join(out_dir, "%s-rank%d.npz" % (run["label"], rank)), **arrays)
     print("done %s rank=%d" % (run["label"], rank), flush=True)

@@ -48,7 +48,8 @@ def initial_factor(key, which, rows, rank, ctx, dtype="float32"):
 
 
 class Compressor:
-    """Base class; subclasses set :attr:`name` and :attr:`defaults` and implement
+    """Base class; subclasses set :attr:`name` and :attr:`defaults` (and may set
+    :attr:`default_exchange`) and implement
     :meth:`compress` and :meth:`decompress`.
 
     Args:
@@ -58,8 +59,13 @@ class Compressor:
 
     #: registered store name
     name = None
-    #: knob -> default value: every knob the store accepts
+    #: knob -> default value: every knob of the compressor itself (the store adds
+    #: ``exchange``, see :attr:`default_exchange`)
     defaults = {}
+    #: default of the knob ``exchange`` for this compressor's stores (itself and
+    #: ``cpsgd_<name>``): ``'per_step'`` (one grouped exchange per step and round)
+    #: or ``'per_key'`` (each key exchanged as soon as it is pushed)
+    default_exchange = "per_step"
     #: attributes holding per-key NDArrays that a resumed run needs (low-rank
     #: factors); the error-feedback memory is saved besides them
     state_attrs = ()

@@ -97,6 +97,7 @@ class CPAllreduce(CompressedHorovod):
         knobs.update((k, v) for k, v in cls.compressor_class.defaults.items()
                      if k != "warmup_steps")
         knobs["correction_residual"] = "carry"
+        knobs["exchange"] = cls.compressor_class.default_exchange
         return knobs
 
     def __init__(self, config=None):

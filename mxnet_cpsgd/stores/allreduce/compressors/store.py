@@ -16,10 +16,10 @@ Nothing in ``pushpull`` waits: compression, the Horovod collectives (all-reduce,
 or all-gather through :class:`~.collectives.Collectives`) and decompression are
 all queued on MXNet's engine, ordered by their data.  Each key's compression
 starts as soon as its gradient is ready (overlapping the rest of the backward
-pass); by default (:attr:`CompressedHorovod.group_per_step`) the step's messages
+pass); with the knob ``exchange='per_step'`` (the default) the step's messages
 are exchanged as one grouped Horovod operation per round, collective and dtype
-once the last key is pushed; with ``group_per_step = False`` each key is
-exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
+once the last key is pushed; with ``exchange='per_key'`` each key is exchanged
+on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
 """
 import os
 
@@ -44,14 +44,8 @@ class CompressedHorovod(_hvd_store.Horovod):
     """
 
     compressor_class = None
-    #: True (default): the compressed messages of a step are held until the
-    #: step's last key is pushed (every key the Trainer broadcast, or the end
-    #: of ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod
-    #: operation per round and dtype.  False: every key is exchanged on its own
-    #: as soon as it is pushed (pipelined with the backward pass; Horovod fuses
-    #: what is ready in the same cycle).  scripts/measure_overlap.py compares
-    #: the two; see docs/algorithms/acpsgd.md, "What overlaps what".
-    group_per_step = True
+    #: an assignment to :attr:`group_per_step`, or None (the knob decides)
+    _group_override = None
 
     def __init__(self, config=None):
         name = self.store_name()
@@ -83,11 +77,34 @@ class CompressedHorovod(_hvd_store.Horovod):
     @classmethod
     def knob_defaults(cls):
         """knob -> default: every knob the store accepts."""
-        return cls.compressor_class.defaults
+        return dict(cls.compressor_class.defaults,
+                    exchange=cls.compressor_class.default_exchange)
 
     def _configure(self):
         """Build the compressor from the resolved config (again when it changes)."""
         self._compressor = self.compressor_class(self._config, self._hvd.size())
+
+    @property
+    def group_per_step(self):
+        """True (knob ``exchange='per_step'``, the default): the compressed messages
+        of a step are held until the step's last key is pushed (every key the
+        Trainer broadcast, or the end of ``Trainer._allreduce_grads``), then
+        exchanged as one grouped Horovod operation per round and dtype.  False
+        (``exchange='per_key'``): every key is exchanged on its own as soon as it
+        is pushed (pipelined with the backward pass; Horovod fuses what is ready
+        in the same cycle).
+
+        Read from the resolved knob; assigning the attribute (before the first
+        ``pushpull``, as scripts/measure_overlap.py does) overrides the knob until
+        ``compression_params`` set ``exchange`` again.  See
+        docs/algorithms/acpsgd.md, "What overlaps what"."""
+        if self._group_override is not None:
+            return self._group_override
+        return self._config.exchange != "per_key"
+
+    @group_per_step.setter
+    def group_per_step(self, value):
+        self._group_override = bool(value)
 
     @property
     def type(self):
@@ -106,6 +123,8 @@ class CompressedHorovod(_hvd_store.Horovod):
                                "pushpull" % self.type)
         merged = dict(self._explicit, **compression_params)
         self._config = config_mod.resolve(self.type, self.knob_defaults(), merged, os.environ)
+        if "exchange" in compression_params:  # the newer choice wins over an assignment
+            self._group_override = None
         self._configure()
 
     def pushpull(self, key, value, out=None, priority=0):
