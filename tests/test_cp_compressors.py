@@ -74,9 +74,8 @@ RUNS = [
     dict(_cp("cp-topk", "topk", ratio=0.1), label="cp-topk-resumed", resume_at=7),
     dict(_cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5), label="cp-acpsgd-resumed",
          resume_at=6),
-    {"label": "fp16", "kvstore": "fp16", "knobs": {"warmup_steps": 1}},
-    {"label": "fp16-per-key", "kvstore": "fp16",
-     "knobs": {"warmup_steps": 1, "exchange": "per_key"}},
+    {"label": "fp16", "kvstore": "fp16", "knobs": {"warmup_steps": 1, "exchange": "per_step"}},
+    {"label": "fp16-per-key", "kvstore": "fp16", "knobs": {"warmup_steps": 1}},
     # momentum on the workers: u through the compressor and its error memory
     _cp("cp-topk-wm", "topk", ratio=0.1, momentum_path="worker"),
     _cp("cp-topk-wm-g", "topk", ratio=0.1, momentum_path="worker", local_input="gradient"),
@@ -205,7 +204,7 @@ PER_KEY = [("cp-powersgd-per-key", "cp-powersgd"),            # group_per_step =
            ("cp-topk-per-key", "cp-topk"),                    # compression_params
            ("cp-signsgd-per-key-env", "cp-signsgd"),          # MXNET_CPSGD_EXCHANGE
            ("cp-acpsgd-per-key-config", "cp-acpsgd"),         # create(AlgorithmConfig)
-           ("fp16-per-key", "fp16")]                          # compression_params
+           ("fp16-per-key", "fp16")]                          # fp16's default
 
 
 @pytest.mark.parametrize("per_key,grouped", PER_KEY)

@@ -23,8 +23,10 @@ def test_every_compressing_allreduce_store_accepts_it_with_its_compressors_defau
     assert len(STORES) == 2 * len(COMPRESSORS)
     for name, cls in STORES.items():
         default = cls.knob_defaults()["exchange"]
-        assert default == cls.compressor_class.default_exchange == "per_step", name
-        assert config.resolve(name, cls.knob_defaults(), {}, {}).exchange == "per_step"
+        # fp16 (and cpsgd_fp16) exchange per key by default, the others per step
+        expected = "per_key" if cls.compressor_class is FP16 else "per_step"
+        assert default == cls.compressor_class.default_exchange == expected, name
+        assert config.resolve(name, cls.knob_defaults(), {}, {}).exchange == expected
 
 
 def test_stores_without_a_compressed_exchange_do_not_accept_it():
@@ -46,16 +48,16 @@ def test_stores_without_a_compressed_exchange_do_not_accept_it():
 
 
 def test_one_class_attribute_sets_the_default_of_both_stores_of_a_compressor():
-    class PerKeyFP16(FP16):
-        default_exchange = "per_key"
+    class PerStepFP16(FP16):
+        default_exchange = "per_step"
 
-    for cls in (store_class(PerKeyFP16), cp_store_class(PerKeyFP16)):
-        assert cls.knob_defaults()["exchange"] == "per_key"
+    for cls in (store_class(PerStepFP16), cp_store_class(PerStepFP16)):
+        assert cls.knob_defaults()["exchange"] == "per_step"
         assert config.resolve(cls.store_name(), cls.knob_defaults(), {}, {}).exchange == \
-            "per_key"
+            "per_step"
     # the registered fp16 stores keep theirs
-    assert STORES["fp16"].knob_defaults()["exchange"] == "per_step"
-    assert STORES["cpsgd_fp16"].knob_defaults()["exchange"] == "per_step"
+    assert STORES["fp16"].knob_defaults()["exchange"] == "per_key"
+    assert STORES["cpsgd_fp16"].knob_defaults()["exchange"] == "per_key"
 
 
 @pytest.mark.parametrize("value", ["grouped", "", "per-key", 1])
@@ -86,14 +88,19 @@ STORE_ROUTES = r"""
 import os
 import mxnet as mx, mxnet_cpsgd
 from mxnet_cpsgd import AlgorithmConfig
-kv = mx.kv.create('fp16')
+kv = mx.kv.create('topk')
 assert kv.group_per_step is True and kv.config.exchange == 'per_step'
 kv.set_gradient_compression({'exchange': 'per_key'})
 assert kv.group_per_step is False and kv.config.exchange == 'per_key'
+kv = mx.kv.create('fp16')
+assert kv.group_per_step is False and kv.config.exchange == 'per_key'
+kv.set_gradient_compression({'exchange': 'per_step'})
+assert kv.group_per_step is True and kv.config.exchange == 'per_step'
 assert mxnet_cpsgd.create('cpsgd_topk', exchange='per_key').group_per_step is False
 assert mxnet_cpsgd.create(AlgorithmConfig('signsgd', exchange='per_key')).group_per_step \
     is False
-assert mxnet_cpsgd.create(AlgorithmConfig('cpsgd_fp16')).group_per_step is True
+assert mxnet_cpsgd.create(AlgorithmConfig('cpsgd_fp16')).group_per_step is False
+assert mxnet_cpsgd.create(AlgorithmConfig('cpsgd_topk')).group_per_step is True
 os.environ['MXNET_CPSGD_EXCHANGE'] = 'per_key'
 kv = mx.kv.create('cpsgd_powersgd')
 assert kv.group_per_step is False
