@@ -28,7 +28,8 @@ import pytest
 
 import compressor_reference as ref
 from reference import SGD
-from test_horovod import JOB_TIMEOUT, _env, _kill_tagged, _python_c, run_horovod_job
+from test_horovod import (JOB_TIMEOUT, _env, _kill_tagged, _python_c,  # noqa: F401 (tag)
+                         run_horovod_job, tag)
 
 try:
     import pytest_timeout  # noqa: F401
@@ -218,13 +219,9 @@ for var, value, name in [('MXNET_CPSGD_RATIO', '0', 'topk'), ('MXNET_CPSGD_RANK'
 """
 
 
-def test_bad_knobs_fail_before_the_first_step():
+def test_bad_knobs_fail_before_the_first_step(tag):
     pytest.importorskip("horovod.mxnet")
-    tag = uuid.uuid4().hex
-    try:
-        code, out = _python_c(BAD_KNOBS, tag)
-    finally:
-        _kill_tagged(tag)
+    code, out = _python_c(BAD_KNOBS, tag)
     assert code == 0, out[-4000:]
     for line in [
             "compression_params['ratio'] must be in (0, 1] (the fraction of each tensor's "
@@ -248,22 +245,18 @@ def test_bad_knobs_fail_before_the_first_step():
         assert line in out, (line, out[-4000:])
 
 
-def test_stores_are_registered(tmp_path):
-    tag = uuid.uuid4().hex
-    try:
-        code, out = _python_c(
-            "import sys; sys.modules['horovod'] = None\n"
-            "import mxnet as mx, mxnet_cpsgd\n"
-            "for n in ('signsgd', 'topk', 'powersgd', 'acpsgd'):\n"
-            "    assert n in mxnet_cpsgd.ALGORITHMS, n\n"
-            "    assert mx.kv.KVStoreBase.kv_registry[n].compressor_class.name == n\n"
-            "    try:\n"
-            "        mx.kv.create(n)\n"
-            "    except ImportError as err:\n"
-            "        assert \"kvstore '%s' needs Horovod\" % n in str(err), err\n"
-            "    else:\n"
-            "        sys.exit(1)\n"
-            "print('OK')\n", tag)
-    finally:
-        _kill_tagged(tag)
+def test_stores_are_registered(tag):
+    code, out = _python_c(
+        "import sys; sys.modules['horovod'] = None\n"
+        "import mxnet as mx, mxnet_cpsgd\n"
+        "for n in ('signsgd', 'topk', 'powersgd', 'acpsgd'):\n"
+        "    assert n in mxnet_cpsgd.ALGORITHMS, n\n"
+        "    assert mx.kv.KVStoreBase.kv_registry[n].compressor_class.name == n\n"
+        "    try:\n"
+        "        mx.kv.create(n)\n"
+        "    except ImportError as err:\n"
+        "        assert \"kvstore '%s' needs Horovod\" % n in str(err), err\n"
+        "    else:\n"
+        "        sys.exit(1)\n"
+        "print('OK')\n", tag)
     assert code == 0 and "OK" in out, out[-4000:]

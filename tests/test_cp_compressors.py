@@ -25,7 +25,8 @@ import pytest
 
 import compressor_reference as ref
 from reference import SGD
-from test_horovod import JOB_TIMEOUT, _env, _kill_tagged, _python_c, run_horovod_job
+from test_horovod import (JOB_TIMEOUT, _env, _kill_tagged, _python_c,  # noqa: F401 (tag)
+                         run_horovod_job, tag)
 
 try:
     import pytest_timeout  # noqa: F401
@@ -332,13 +333,9 @@ except mxnet_cpsgd.ConfigError as err:
 """
 
 
-def test_bad_combinations_fail_before_the_first_step():
+def test_bad_combinations_fail_before_the_first_step(tag):
     pytest.importorskip("horovod.mxnet")
-    tag = uuid.uuid4().hex
-    try:
-        code, out = _python_c(BAD, tag)
-    finally:
-        _kill_tagged(tag)
+    code, out = _python_c(BAD, tag)
     assert code == 0, out[-4000:]
     for line in [
             "CONFIG ERROR cpsgd_topk: compression_params['threshold'] is not used by "

@@ -8,7 +8,6 @@ attribute ``group_per_step``.  That both values train to the same weights, and t
 the store then really exchanges key by key, is checked on 2-worker jobs in
 tests/test_cp_compressors.py.
 """
-import uuid
 
 import pytest
 
@@ -16,7 +15,7 @@ from mxnet_cpsgd.stores import catalog, config
 from mxnet_cpsgd.stores.allreduce.compressors import (COMPRESSORS, FP16, STORES,
                                                       cp_store_class, store_class)
 from mxnet_cpsgd.stores.config import AlgorithmConfig, ConfigError
-from test_horovod import _kill_tagged, _python_c
+from test_horovod import _python_c, tag  # noqa: F401  (tag: the fixture)
 
 
 def test_every_compressing_allreduce_store_accepts_it_with_its_compressors_default():
@@ -124,11 +123,7 @@ print('ROUTES OK')
 """
 
 
-def test_every_route_reaches_a_real_store():
+def test_every_route_reaches_a_real_store(tag):
     pytest.importorskip("horovod.mxnet")
-    tag = uuid.uuid4().hex
-    try:
-        code, out = _python_c(STORE_ROUTES, tag)
-    finally:
-        _kill_tagged(tag)
+    code, out = _python_c(STORE_ROUTES, tag)
     assert code == 0 and "ROUTES OK" in out, out[-4000:]
