@@ -214,10 +214,11 @@ class AlgorithmConfig:
             reads, ``'momentum'`` (u, default) or ``'gradient'`` (g).
         exchange: the compressing all-reduce stores (``fp16``, ``signsgd``,
             ``topk``, ``powersgd``, ``acpsgd`` and every ``cpsgd_<compressor>``):
-            ``'per_step'`` (default: a step's compressed messages are held until its
-            last key is pushed, then exchanged as one grouped Horovod operation per
-            round) or ``'per_key'`` (each key is exchanged as soon as it is pushed,
-            overlapping the rest of the backward pass).  The update rule is the
+            ``'per_step'`` (a step's compressed messages are held until its last key
+            is pushed, then exchanged as one grouped Horovod operation per round) or
+            ``'per_key'`` (each key is exchanged as soon as it is pushed, overlapping
+            the rest of the backward pass).  Default: ``'per_key'`` for ``fp16`` and
+            ``cpsgd_fp16``, ``'per_step'`` for the others.  The update rule is the
             same; only when the collectives run differs.
     """
     algorithm: str

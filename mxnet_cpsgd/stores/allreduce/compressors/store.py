@@ -16,10 +16,10 @@ Nothing in ``pushpull`` waits: compression, the Horovod collectives (all-reduce,
 or all-gather through :class:`~.collectives.Collectives`) and decompression are
 all queued on MXNet's engine, ordered by their data.  Each key's compression
 starts as soon as its gradient is ready (overlapping the rest of the backward
-pass); with the knob ``exchange='per_step'`` (the default) the step's messages
-are exchanged as one grouped Horovod operation per round, collective and dtype
-once the last key is pushed; with ``exchange='per_key'`` each key is exchanged
-on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
+pass); with the knob ``exchange='per_step'`` (the default but for fp16) the step's
+messages are exchanged as one grouped Horovod operation per round, collective and
+dtype once the last key is pushed; with ``exchange='per_key'`` each key is
+exchanged on its own at once.  See docs/algorithms/acpsgd.md, "What overlaps what".
 """
 import os
 
@@ -86,10 +86,10 @@ class CompressedHorovod(_hvd_store.Horovod):
 
     @property
     def group_per_step(self):
-        """True (knob ``exchange='per_step'``, the default): the compressed messages
-        of a step are held until the step's last key is pushed (every key the
-        Trainer broadcast, or the end of ``Trainer._allreduce_grads``), then
-        exchanged as one grouped Horovod operation per round and dtype.  False
+        """True (knob ``exchange='per_step'``, every compressor's default but fp16's):
+        the compressed messages of a step are held until the step's last key is
+        pushed (every key the Trainer broadcast, or the end of
+        ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod operation per round and dtype.  False
         (``exchange='per_key'``): every key is exchanged on its own as soon as it
         is pushed (pipelined with the backward pass; Horovod fuses what is ready
         in the same cycle).
