@@ -4,6 +4,7 @@ table and the plotted mean and spread against numpy on the same files, and the
 refusal to average invocations that measured different things; ``--plot-rate``
 (each file reduced to its fastest or slowest rate) against the rows read here; and
 docs/perf/exchange_bound_table.py on a results.json without a compute-only job."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -443,3 +444,53 @@ def test_exchange_bound_table_orders_rates_of_any_unit(tmp_path):
     for table, rate in ((balanced, "1gbit"), (exchange_bound, "80mbit")):
         ms = _row_ms(result, "cpsgd", rate)
         assert _cells(table, "cpsgd") == ["%.1f (%.2f)" % (ms, result["compute_ms"] / ms)]
+
+
+def _trace_event(name, pid, start_ms, dur_ms, scale):
+    """One complete event as cpsgd-bench's merged trace holds it (dilated microseconds)."""
+    return {"ph": "X", "name": name, "pid": pid, "tid": 0,
+            "ts": start_ms * scale * 1e3, "dur": dur_ms * scale * 1e3}
+
+
+def test_exchange_window_script_reads_pushes_and_pulls_of_a_trace(tmp_path):
+    """docs/perf/exchange_window.py against the same figures computed here from a
+    synthetic two-worker trace (three compressed keys per iteration, two iterations)."""
+    scale = 10.0
+    rng = np.random.RandomState(3)
+    events, expected = [], {"window": [], "first_ack": [], "last_ack": [], "tail": []}
+    starts = {}
+    for pid in (0, 1):
+        for it in range(2):
+            start = 300.0 * it + 7.0 * pid
+            starts.setdefault(it, []).append(start)
+            issues = start + np.array([0.0, 4.0, 8.0])
+            answers = rng.uniform(1.0, 40.0, size=3)
+            pulls = rng.uniform(0.5, 30.0, size=3)
+            for t, a, p in zip(issues, answers, pulls):
+                events.append(_trace_event("KVStoreDistCompressedPush", pid, t, a, scale))
+                events.append(_trace_event("KVStoreDistDefaultStoragePull", pid, t + a, p,
+                                           scale))
+            events.append(_trace_event("emulated_backward", pid, start, 5.0, scale))
+            done = np.max(issues + answers + pulls)
+            expected["window"].append(done - start)
+            expected["first_ack"].append(answers[0])
+            expected["last_ack"].append(np.max(issues + answers) - issues[-1])
+            expected["tail"].append(done - np.max(issues + answers))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    script = os.path.join(PERF, "exchange_window.py")
+    spec = importlib.util.spec_from_file_location("exchange_window", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.iterations(str(path), scale)
+    assert len(rows) == 4
+    for key, values in expected.items():
+        np.testing.assert_allclose(sorted(r[key] for r in rows), sorted(values), atol=1e-6)
+    spreads = module.start_spreads(rows)
+    np.testing.assert_allclose(spreads, [max(s) - min(s) for s in starts.values()], atol=1e-6)
+    printed = subprocess.run([sys.executable, script, str(path), str(scale)],
+                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                             check=True).stdout
+    assert "| exchange window: first push issued to last pull done | %.1f | %.1f | %.1f |" % (
+        min(expected["window"]), float(np.median(expected["window"])),
+        max(expected["window"])) in printed
