@@ -33,6 +33,7 @@ def iterations(path, time_scale):
     for pid in sorted({e["pid"] for e in events}):
         mine = sorted((e for e in events if e["pid"] == pid), key=lambda e: e["ts"])
         pushes = [e for e in mine if e["name"] in PUSH]
+        pulls_all = [e for e in mine if e["name"] in PULL]
         groups = [[pushes[0]]]
         for a, b in zip(pushes, pushes[1:]):
             if (b["ts"] - a["ts"]) / scale > GAP_MS:
@@ -46,7 +47,7 @@ def iterations(path, time_scale):
             last_issue = max(e["ts"] for e in group)
             last_ack = max(e["ts"] + e["dur"] for e in group)
             following = groups[i + 1][0]["ts"] if i + 1 < len(groups) else float("inf")
-            pulls = [e for e in mine if e["name"] in PULL and first <= e["ts"] < following]
+            pulls = [e for e in pulls_all if first <= e["ts"] < following]
             done = max([e["ts"] + e["dur"] for e in pulls] + [last_ack])
             early = [e["dur"] / scale for e in group if (e["ts"] - first) / scale < 1.0]
             rows.append({"worker": pid, "start": first / scale,

@@ -89,7 +89,8 @@ class CompressedHorovod(_hvd_store.Horovod):
         """True (knob ``exchange='per_step'``, every compressor's default but fp16's):
         the compressed messages of a step are held until the step's last key is
         pushed (every key the Trainer broadcast, or the end of
-        ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod operation per round and dtype.  False
+        ``Trainer._allreduce_grads``), then exchanged as one grouped Horovod
+        operation per round and dtype.  False
         (``exchange='per_key'``): every key is exchanged on its own as soon as it
         is pushed (pipelined with the backward pass; Horovod fuses what is ready
         in the same cycle).
