@@ -38,7 +38,7 @@ else:
 
     from .stores.config import AlgorithmConfig, ConfigError
     from .stores.policies import POLICIES
-    from .stores.registry import STORES
+    from .stores.registry import DIST_NAMES as _DIST_NAMES, STORES
     from .stores.allreduce.horovod import Horovod as _Horovod  # imports horovod itself lazily
     from .stores.allreduce.compressors import STORES as _COMPRESSED_STORES  # likewise
 
@@ -47,7 +47,7 @@ else:
     ALGORITHMS = tuple(sorted(_ALL_STORES))
 
     # string names of these stores must reach mx.kv.create even with one device per worker
-    _trainer_hook.install(_ALL_STORES)
+    _trainer_hook.install(list(_ALL_STORES) + list(_DIST_NAMES))
 
 
     def create(config, **knobs):
@@ -67,7 +67,7 @@ else:
         else:
             name, config = config, knobs
         try:
-            cls = _ALL_STORES[name.lower()]
+            cls = _ALL_STORES[_DIST_NAMES.get(name.lower(), name.lower())]
         except KeyError:
             raise ConfigError("unknown algorithm %r; known: %s"
                               % (name, ", ".join(ALGORITHMS))) from None

@@ -30,8 +30,12 @@ What it changes, and nothing else:
   status 1.  tools/launch.py alone keeps waiting for the others.  Over ssh it
   stops the ssh clients, not the remote nodes (``cpsgd-launch -H`` does; see
   docs/launcher.md).
+* the shim stopped (SIGTERM, SIGINT/Ctrl-C, SIGHUP, its parent process gone)
+  stops every node it started the same way, with one line saying why
+  (tools/launch.py alone exits on Ctrl-C and leaves the nodes running).
 """
 import importlib.util
+import logging
 import os
 import runpy
 import sys
@@ -74,11 +78,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if host_ip is not None:
         from dmlc_tracker import tracker
         tracker.get_host_ip = lambda _requested=None: host_ip
+    # the nodes' environment: a refused store name must not make a worker wait for
+    # the others (kvstore_ext/trainer_hook.py); this launcher ends the job instead
+    os.environ["CPSGD_MXLAUNCH_WATCHED"] = "1"
     if os.geteuid() == 0:  # Open MPI's mpirun refuses root without both
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     sys.argv = [path] + argv
-    runpy.run_path(path, run_name="__main__")
+    # launch.py's own __main__ block makes Ctrl-C end the launcher alone (its
+    # SIGINT handler exits 0, the nodes keep running): load the file without it
+    # and run its main() with the watcher's handlers in place
+    launch = runpy.run_path(path, run_name="mxnet_tools_launch")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", level=logging.INFO)
+    launch["main"]()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ exits non-zero makes the watcher print one line naming it, stop every other
 node it started (SIGTERM to each process group, SIGKILL after
 ``TERM_GRACE_S``, as cpsgd-launch does) and end the launcher with exit status 1.
 
+The launcher itself stopped (SIGTERM, SIGINT, SIGHUP, or its parent process
+gone: :meth:`NodeWatch.stop_with_launcher`) stops every node the same way, with
+one line saying why, and exits with 128 + the signal's number (1 for a lost
+parent): the nodes run in process groups of their own, which a signal to the
+launcher's group (Ctrl-C, ``timeout``) would not reach.
+
 Over ssh the processes started here are the ssh clients (and the scheduler);
 ending a client does not end its remote node, which cpsgd-launch -H does.
 """
@@ -24,6 +30,11 @@ import time
 import types
 
 from mxnet_cpsgd.cluster.nodes import TERM_GRACE_S
+
+#: the signals that stop the launcher and with it the job
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: how often the launcher looks for its parent process
+PARENT_POLL_S = 0.5
 
 _ROLE = re.compile(r"DMLC_ROLE=['\"]?(\w+)")
 _TASK = re.compile(r"DMLC_TASK_ID=['\"]?(\d+)")
@@ -44,29 +55,35 @@ class NodeWatch:
         label = _label(args, env)
         with self._lock:
             if self._stopping:
-                return 1  # the job is being stopped: start nothing more
+                threading.Event().wait()  # the job is being stopped: start nothing more
             proc = subprocess.Popen(args, env=env, start_new_session=True, **kwargs)
             self._procs[proc.pid] = (proc, label)
         code = proc.wait()
         with self._lock:
             self._procs.pop(proc.pid, None)
             stopping, failed = self._stopping, code != 0 and not self._stopping
-            if failed:
-                self._stopping = True
         if failed:
-            self._stop(label, code)
+            self.stop("%s exited with status %s" % (label, _describe(code)), 1, other=True)
         if stopping:
             # stopped by the teardown: dmlc_tracker would print a traceback with the
             # whole environment; the launcher exits from the teardown instead
             threading.Event().wait()
         return code
 
-    def _stop(self, label, code):
-        self._out.write("mxlaunch: %s exited with status %s; stopping the job (%d other "
-                        "nodes)\n" % (label, _describe(code), len(self._procs)))
-        self._out.flush()
+    def stop(self, why, status, other=False):
+        """Print one line saying ``why``, stop every node and exit with ``status``.
+
+        Only the first caller tears down; a later one (another failed node, a
+        second Ctrl-C while the first teardown runs) returns at once.
+        """
         with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
             procs = [p for p, _ in self._procs.values()]
+        self._out.write("mxlaunch: %s; stopping the job (%d %snodes)\n"
+                        % (why, len(procs), "other " if other else ""))
+        self._out.flush()
         for proc in procs:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + TERM_GRACE_S
@@ -82,7 +99,29 @@ class NodeWatch:
             except subprocess.TimeoutExpired:
                 pass
         sys.stdout.flush()
-        self._exit(1)
+        self._exit(status)
+
+    def stop_with_launcher(self, signals=STOP_SIGNALS, poll_s=PARENT_POLL_S):
+        """Stop the job when the launcher gets one of ``signals`` or loses its parent.
+
+        Call from the main thread (Python runs signal handlers there; the tracker's
+        main thread waits in ``Thread.join``, which a signal interrupts).
+        """
+        def on_signal(signum, _frame):
+            name = signal.Signals(signum).name
+            self.stop("received %s" % name, 128 + signum)
+
+        for sig in signals:
+            signal.signal(sig, on_signal)
+        parent = os.getppid()
+        if parent > 1:
+            threading.Thread(target=self._watch_parent, args=(parent, poll_s),
+                             name="mxlaunch-parent", daemon=True).start()
+
+    def _watch_parent(self, parent, poll_s):
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        self.stop("its parent process (pid %d) is gone" % parent, 1)
 
     def subprocess_module(self):
         """A stand-in for ``subprocess`` whose call/check_call run watched nodes."""
@@ -137,6 +176,7 @@ def install(watch=None):
     """Route dmlc_tracker's node starts (local, ssh, the scheduler) through ``watch``."""
     from dmlc_tracker import local, ssh, tracker
     watch = watch or NodeWatch()
+    watch.stop_with_launcher()
     module = watch.subprocess_module()
     for tracker_module in (local, ssh, tracker):
         tracker_module.subprocess = module

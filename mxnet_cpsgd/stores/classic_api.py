@@ -111,6 +111,16 @@ class ClassicCalls:
                              "kvstore='odsgd'/'ssgd')"
                              % (self.policy_class.name, key, np.dtype(array.dtype).name))
 
+    def _check_like(self, key, array, param, call, what):
+        """A push's gradient or a pull's output must be the key's shape and dtype
+        (MXNet's own check names neither the key nor which shape is whose)."""
+        shape, dtype = tuple(array.shape), np.dtype(array.dtype)
+        if shape != tuple(param.shape) or dtype != np.dtype(param.send.dtype):
+            raise ValueError("kvstore '%s': %s of key %r got %s of shape %s and dtype %s, "
+                             "but the key was initialised with shape %s and dtype %s"
+                             % (self.policy_class.name, call, key, what, shape, dtype.name,
+                                tuple(param.shape), np.dtype(param.send.dtype).name))
+
     def _index_of(self, key, call):
         """The store's index of a key that was initialised."""
         if not self._classic:
@@ -275,6 +285,7 @@ class ClassicCalls:
             grads = _arrays(v)
             for g in grads:
                 self._check_array(k, g, "push")
+                self._check_like(k, g, param, "push", "a gradient")
             if getattr(param, "pushed", None) is None:
                 param.pushed = mx.nd.zeros(param.shape, ctx=param.send.context,
                                            dtype=param.send.dtype)
@@ -299,6 +310,7 @@ class ClassicCalls:
             outs = _arrays(o)
             for a in outs:
                 self._check_array(k, a, "pull")
+                self._check_like(k, a, param, "pull", "an output")
             if index in self._pushed:
                 self._record(index, [param.pushed],
                              [param.weights] + [a for a in outs if a is not param.weights],

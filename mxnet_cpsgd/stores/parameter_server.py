@@ -353,14 +353,16 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
                                  % (len(key), len(value), len(out)))
             self._flush_step()
             for k, v, o in zip(key, value, out):
-                self._record(self._index_of(k, "pushpull"), v, o, priority)
+                self._record(self._index_of(k, "pushpull"), v, o, priority, k)
             self._flush_step()
             return
-        self._record(self._index_of(key, "pushpull"), value, out, priority)
+        self._record(self._index_of(key, "pushpull"), value, out, priority, key)
         if not self._step_left:
             self._flush_step()
 
-    def _record(self, key, value, out, priority):
+    def _record(self, key, value, out, priority, shown_key=None):
+        """Record a step of key (an index); ``shown_key`` is the caller's key, for errors."""
+        shown_key = key if shown_key is None else shown_key
         param = self._params.get(key)
         if param is None:
             raise RuntimeError("key %r was not initialised (broadcast) before pushpull" % (key,))
@@ -370,6 +372,9 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             # gradient arrays are fixed after the first step: check them once
             for g in grads:
                 self._check_array(key, g, "pushpull")
+                self._check_like(shown_key, g, param, "pushpull", "a gradient")
+            for o in outs:
+                self._check_like(shown_key, o, param, "pushpull", "an output")
             self._checked.add(key)
         if key in self._pushed:
             raise self._refuse("pushpull", "of key %r, which was pushed but not pulled"
