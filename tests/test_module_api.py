@@ -188,6 +188,12 @@ def test_classic_calls_are_the_pushpull_steps(worker_job, cpsgd_steps):
         "sparse_init": ["cpsgd", "init", "row_sparse", "dense"],
         "new_key_after_start": ["cpsgd", "init", "'late'", "before the first push"],
     }
+    shape, wrong = (tuple(s) for s in meta[0]["shapes"])
+    key = repr(names[1])
+    for call in ("push", "pull", "pushpull"):  # the store, the key, both shapes
+        expected["%s_wrong_shape" % call] = ["cpsgd", "%s of key %s" % (call, key),
+                                             "shape %s" % (wrong,), "shape %s" % (shape,)]
+    expected["push_wrong_dtype"] = ["cpsgd", "push of key " + key, "float64", "float32"]
     for case, fragments in expected.items():
         message = refused[case]
         assert message is not None, "%s was not refused" % case

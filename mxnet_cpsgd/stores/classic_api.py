@@ -284,8 +284,8 @@ class ClassicCalls:
                                    "after it are one step of the algorithm")
             grads = _arrays(v)
             for g in grads:
-                self._check_array(k, g, "push")
                 self._check_like(k, g, param, "push", "a gradient")
+                self._check_array(k, g, "push")
             if getattr(param, "pushed", None) is None:
                 param.pushed = mx.nd.zeros(param.shape, ctx=param.send.context,
                                            dtype=param.send.dtype)
@@ -309,8 +309,8 @@ class ClassicCalls:
                                    "initialise it with kv.init first")
             outs = _arrays(o)
             for a in outs:
-                self._check_array(k, a, "pull")
                 self._check_like(k, a, param, "pull", "an output")
+                self._check_array(k, a, "pull")
             if index in self._pushed:
                 self._record(index, [param.pushed],
                              [param.weights] + [a for a in outs if a is not param.weights],

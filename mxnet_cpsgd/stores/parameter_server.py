@@ -368,13 +368,14 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             raise RuntimeError("key %r was not initialised (broadcast) before pushpull" % (key,))
         grads = list(value) if isinstance(value, (list, tuple)) else [value]
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        for g in grads:  # cheap; a hand-written loop may pass other arrays each step
+            self._check_like(shown_key, g, param, "pushpull", "a gradient")
+        for o in outs:
+            self._check_like(shown_key, o, param, "pushpull", "an output")
         if key not in self._checked:
             # gradient arrays are fixed after the first step: check them once
             for g in grads:
                 self._check_array(key, g, "pushpull")
-                self._check_like(shown_key, g, param, "pushpull", "a gradient")
-            for o in outs:
-                self._check_like(shown_key, o, param, "pushpull", "an output")
             self._checked.add(key)
         if key in self._pushed:
             raise self._refuse("pushpull", "of key %r, which was pushed but not pulled"

@@ -158,6 +158,17 @@ def run_classic(spec, kv, mod, it, rec, meta):
         sparse_init=refused(lambda: kv.init("sparse", mx.nd.zeros((4, 2)).tostype(
             "row_sparse"))),
         new_key_after_start=refused(lambda: kv.init("late", mx.nd.zeros((2,)))))
+    # arrays of another shape or dtype than the key's (names[1] has no push open)
+    shape = tuple(weights[1].shape)
+    wrong = shape[::-1] if shape[::-1] != shape else shape + (1,)
+    meta["shapes"] = [list(shape), list(wrong)]
+    meta["refused"].update(
+        push_wrong_shape=refused(lambda: kv.push(names[1], mx.nd.zeros(wrong))),
+        pull_wrong_shape=refused(lambda: kv.pull(names[1], out=mx.nd.zeros(wrong))),
+        pushpull_wrong_shape=refused(lambda: kv.pushpull(
+            names[1], mx.nd.zeros(wrong), out=mx.nd.zeros(wrong))),
+        push_wrong_dtype=refused(lambda: kv.push(names[1], mx.nd.zeros(shape,
+                                                                      dtype="float64"))))
     kv.pull(names[0], out=weights[0])
     kv.barrier()
 
