@@ -19,6 +19,13 @@ symbol) through MXNet's Module API, 2 workers and 1 server:
   push returns the servers' weights; what the store cannot do is refused with a
   message naming the call and what to do instead.
 
+* MXNet's nightly tests/nightly/dist_sync_kvstore.py cases that are real
+  behaviour of a dist_sync store (tests/workers/nightly_cases_worker.py, written
+  here from them): dense init/push/pull (float32 and float16, a key above the
+  big-array bound) with ``ssgd``, the 2-bit simulation with ``bitsgd``, and the
+  ``gluon_type`` Trainer checks with both; pushes and pulls of the wrong shape
+  or dtype name the store, the key and both shapes.
+
 And the mxlaunch shim ends a job whose worker raises, with one line naming it.
 """
 import json
@@ -237,3 +244,37 @@ def test_mxlaunch_stops_the_job_when_a_worker_raises(python, mark, tmp_path):
             pass
         proc.wait(10)
         kill_marked(**{MARK_VAR: mark})
+
+
+def _nightly(worker_job, store, case):
+    result = worker_job("nightly_cases_worker.py", store, case, job_timeout=JOB_TIMEOUT_S)
+    assert result.returncode == 0 and not result.failure, result.text
+    assert not result.leftover, result.leftover
+    found = dict((int(r), json.loads(j)) for r, j in
+                 re.findall(r"NIGHTLY (\d) (.*)", result.output))
+    assert sorted(found) == [0, 1], result.text
+    return found
+
+
+@pytest.mark.parametrize("store, case", [("ssgd", "dense"), ("bitsgd", "2bit")])
+def test_nightly_dist_sync_cases(worker_job, store, case):
+    """MXNet's nightly dist_sync_kvstore.py cases (tests/workers/nightly_cases_worker.py)."""
+    for rank, found in _nightly(worker_job, store, case).items():
+        failed = {k: v for k, v in found.items()
+                  if v is not None and not k.startswith("refused_")}
+        assert not failed, (rank, failed)
+        refusals = {k: v for k, v in found.items() if k.startswith("refused_")}
+        if case == "2bit":
+            assert "float32 only" in refusals["refused_float16"], refusals
+            assert "row_sparse" in refusals["refused_row_sparse"], refusals
+            assert "before the first push" in refusals["refused_new_key_after_push"]
+            assert all(store in v for v in refusals.values()), refusals
+
+
+@pytest.mark.parametrize("store", ["ssgd", "bitsgd"])
+def test_nightly_gluon_type_case(worker_job, store):
+    for rank, found in _nightly(worker_job, store, "gluon_type").items():
+        trainer = found["trainer"]
+        # as dist_sync; with False the stores refuse the first step (docs/usage.md)
+        assert trainer == {"None": [True, True], "True": [True, True],
+                           "False": [True, False]}, trainer
