@@ -2,7 +2,7 @@
 
 MXNet's ``tools/launch.py`` hands every node to ``dmlc_tracker``, which runs it
 in a thread with ``subprocess.call`` (local launcher) or ``check_call`` (ssh
-launcher, and the scheduler) and never looks at the others: when a worker
+launcher, each mpirun, and the scheduler) and never looks at the others: when a worker
 raises, its thread ends with an exception while the scheduler, the servers and
 the other workers wait for it forever.  :func:`install` gives those tracker
 modules a ``subprocess`` of their own whose ``call`` / ``check_call`` start the
@@ -173,11 +173,12 @@ def _signal_group(proc, sig):
 
 
 def install(watch=None):
-    """Route dmlc_tracker's node starts (local, ssh, the scheduler) through ``watch``."""
-    from dmlc_tracker import local, ssh, tracker
+    """Route dmlc_tracker's node starts (local, ssh, each mpirun, the scheduler)
+    through ``watch``."""
+    from dmlc_tracker import local, mpi, ssh, tracker
     watch = watch or NodeWatch()
     watch.stop_with_launcher()
     module = watch.subprocess_module()
-    for tracker_module in (local, ssh, tracker):
+    for tracker_module in (local, mpi, ssh, tracker):
         tracker_module.subprocess = module
     return watch
