@@ -20,11 +20,12 @@ bitsgdq, cpsgdq, cpsgdnocorrq: the stores as they are, on a host uplink with a s
     queue (a diagnostic of the emulated network, see _short_uplink_queue).
 
 Probe (every store of the project, when MXNET_CPSGD_LINK_PROBE is a directory,
-or /tmp/cpsgd-link-probe by default): each worker samples its namespace's eth0 byte
+or cpsgd-link-probe in the temporary directory by default): each worker samples its namespace's eth0 byte
 counters (its host's link, shared with its server) every 5 ms and logs the
 time of every step, to ``<dir>/<store>-<rank>.txt``.
 """
 import os
+import tempfile
 import threading
 import time
 
@@ -34,7 +35,8 @@ from mxnet_cpsgd.stores.parameter_server import PolicyStore
 from mxnet_cpsgd.stores.policies.base import SYNC_SGD, Push
 from mxnet_cpsgd.stores.policies.cpsgd import CPSGD, _COMPRESSED
 
-_PROBE_DIR = os.environ.get("MXNET_CPSGD_LINK_PROBE", "/tmp/cpsgd-link-probe")
+_PROBE_DIR = os.environ.get("MXNET_CPSGD_LINK_PROBE",
+                            os.path.join(tempfile.gettempdir(), "cpsgd-link-probe"))
 _STATS = "/sys/class/net/eth0/statistics/"
 
 
