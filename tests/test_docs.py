@@ -106,7 +106,7 @@ def test_lab_index_lists_every_lab_file_with_a_status():
     files = set(os.listdir(LAB)) - {"README.md"}
     assert files <= set(status), sorted(files - set(status))
     for name, value in status.items():
-        assert value.split(":")[0] in ("current", "investigation", "superseded"), (name, value)
+        assert re.match(r"(current|investigation|superseded)\b", value), (name, value)
 
 
 @pytest.mark.parametrize("page", [p for p in _pages() if not p.endswith("CHANGELOG.md")],
@@ -157,3 +157,28 @@ def test_no_machine_paths_under_docs_or_reports():
                     if hits:
                         found.append("%s: %s" % (os.path.relpath(path, ROOT), hits[:3]))
     assert not found, "\n".join(found[:20])
+
+
+def _lines(path):
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def test_readme_is_a_short_front_door():
+    lines = _lines(os.path.join(ROOT, "README.md"))
+    assert len(lines) <= 160, len(lines)
+    text = "\n".join(lines)
+    setup = text.split("## Set up", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in setup.strip().splitlines()]
+    assert commands == ["bash scripts/main_job.sh", "bash scripts/run_tests.sh"], commands
+    long_cells = [cell.strip() for line in lines if line.startswith("|")
+                  for cell in line.strip("|").split("|")
+                  if len(re.sub(r"\]\([^)]*\)", "]", cell).split()) > 25]
+    assert not long_cells, long_cells
+
+
+@pytest.mark.parametrize("page", [p for p in _pages() if os.sep + "docs" + os.sep in p],
+                         ids=lambda p: os.path.relpath(p, ROOT))
+def test_reference_page_is_short(page):
+    assert len(_lines(page)) <= 400, "%s: %d lines" % (os.path.relpath(page, ROOT),
+                                                      len(_lines(page)))
