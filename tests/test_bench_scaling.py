@@ -1,5 +1,5 @@
 """``cpsgd-bench --plot-workers`` with several invocations per worker count, fed
-the real results.json of docs/performance.md's Summary (reports/perf/): the "a / b"
+the real results.json of the performance Summary (reports/perf/): the "a / b"
 table and the plotted mean and spread against numpy on the same files, and the
 refusal to average invocations that measured different things; ``--plot-rate``
 (each file reduced to its fastest or slowest rate) against the rows read here; and
