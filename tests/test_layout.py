@@ -1,4 +1,4 @@
-"""The package layout: no module imports "upwards" (README, Architecture).
+"""The package layout: no module imports "upwards" (docs/architecture.md).
 
 Layers, lowest first (a module may import its own layer and the ones it lists):
 
