@@ -12,10 +12,11 @@ node it started (SIGTERM to each process group, SIGKILL after
 ``TERM_GRACE_S``, as cpsgd-launch does) and end the launcher with exit status 1.
 
 The launcher itself stopped (SIGTERM, SIGINT, SIGHUP, or its parent process
-gone: :meth:`NodeWatch.stop_with_launcher`) stops every node the same way, with
-one line saying why, and exits with 128 + the signal's number (1 for a lost
-parent): the nodes run in process groups of their own, which a signal to the
-launcher's group (Ctrl-C, ``timeout``) would not reach.
+gone, unless started under ``nohup``: :meth:`NodeWatch.stop_with_launcher`)
+stops every node the same way, with one line saying why, and exits with 128 +
+the signal's number (1 for a lost parent): the nodes run in process groups of
+their own, which a signal to the launcher's group (Ctrl-C, ``timeout``) would
+not reach.
 
 Over ssh the processes started here are the ssh clients (and the scheduler);
 ending a client does not end its remote node, which cpsgd-launch -H does.
@@ -54,10 +55,12 @@ class NodeWatch:
         """Start one node, wait for it, and return its exit status."""
         label = _label(args, env)
         with self._lock:
-            if self._stopping:
-                threading.Event().wait()  # the job is being stopped: start nothing more
-            proc = subprocess.Popen(args, env=env, start_new_session=True, **kwargs)
-            self._procs[proc.pid] = (proc, label)
+            stopping = self._stopping
+            if not stopping:
+                proc = subprocess.Popen(args, env=env, start_new_session=True, **kwargs)
+                self._procs[proc.pid] = (proc, label)
+        if stopping:  # the job is being stopped: start nothing; the teardown exits
+            threading.Event().wait()
         code = proc.wait()
         with self._lock:
             self._procs.pop(proc.pid, None)
@@ -105,16 +108,20 @@ class NodeWatch:
         """Stop the job when the launcher gets one of ``signals`` or loses its parent.
 
         Call from the main thread (Python runs signal handlers there; the tracker's
-        main thread waits in ``Thread.join``, which a signal interrupts).
+        main thread waits in ``Thread.join``, which a signal interrupts).  A signal
+        ignored when the launcher started stays ignored, and with SIGHUP ignored
+        (``nohup``) a lost parent is not watched either: the job was meant to
+        outlive its terminal.
         """
         def on_signal(signum, _frame):
             name = signal.Signals(signum).name
             self.stop("received %s" % name, 128 + signum)
 
         for sig in signals:
-            signal.signal(sig, on_signal)
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, on_signal)
         parent = os.getppid()
-        if parent > 1:
+        if parent > 1 and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
             threading.Thread(target=self._watch_parent, args=(parent, poll_s),
                              name="mxlaunch-parent", daemon=True).start()
 
