@@ -317,6 +317,11 @@ class ClassicCalls:
                              self._pushed.pop(index))
             else:
                 self._pull(param, [param.glob] + outs, priority)
+                # a push of the key after this pull must not reach the servers first:
+                # MXNet orders a key's pull and push (they share its buffer), the
+                # store's pull (into glob) and push (from send) share no array
+                for a in [param.glob] + outs:
+                    a.wait_to_read()
         self._flush_step()
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):

@@ -7,11 +7,11 @@ against ``dist_sync``, with the project's store STORE in its place.  The servers
 run MXNet's ``test`` optimizer (w += rescale_grad * g, rescale_grad 2), so every
 pulled value has a closed form:
 
-* ``dense`` (ssgd): keys initialised with ones (2x3, and 1200x1200, above
+* ``dense`` (ssgd): keys initialised with ones (2x3, and 40x30, above
   MXNet's big-array bound; float32 and float16), pulled before any push (their
   init values), then per key NREPEAT x (push ones * (rank + 1), pull), the pull
   after push i being 1 + rate * (1 + 2) * (i + 1);
-* ``2bit`` (bitsgd, threshold 0.5): keys of 2x3, 1211x1211 and 1200x1200: a key
+* ``2bit`` (bitsgd, threshold 0.5): keys of 2x3, 37x41 and 40x30: a key
   initialised with ones pulls ones (no compression at init); pushes of 0 give 0;
   0.4 then 0.1 then 0.2 then 0.3 give 0, 2, 2, 4 (the residual carries what the
   2-bit code leaves); a push of the threshold adds rate * workers * threshold;
@@ -25,6 +25,7 @@ pulled value has a closed form:
 Prints "NIGHTLY <json>": case -> None when it held, else what went wrong.
 """
 import json
+import os
 import sys
 import traceback
 
@@ -35,7 +36,11 @@ import mxnet_cpsgd  # noqa: F401  registers the stores
 
 STORE, CASE = sys.argv[1], sys.argv[2]
 RATE, NREPEAT, THRESHOLD = 2, 3, 0.5
-SMALL, IRREGULAR, BIG = (2, 3), (1211, 1211), (1200, 1200)
+# the nightly test's 1211x1211 and 1200x1200, scaled down with the big-array bound
+# (MXNET_KVSTORE_BIGARRAY_BOUND, set for every node by the test): still above it
+BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", 1000000))
+SMALL, IRREGULAR, BIG = (2, 3), (37, 41), (40, 30)
+assert IRREGULAR[0] * IRREGULAR[1] > BOUND and BIG[0] * BIG[1] > BOUND, BOUND
 kv = mx.kv.create(STORE)
 RANK, WORKERS = kv.rank, kv.num_workers
 results = {}
