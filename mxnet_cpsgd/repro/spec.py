@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..stores.config import KNOBS as STORE_KNOBS
-from . import bench_runs
+from . import bench_runs, emulated_hosts, measured_tta
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: keys of a run entry that are not knobs of the algorithm
@@ -21,12 +21,13 @@ RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "
 #: top-level / experiment keys
 EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates", "seeds", "runs",
                    "labels", "num_servers", "job_timeout", "timeout", "description",
-                   "checkpoint_every", "equivalence_min_seeds",
+                   "checkpoint_every", "equivalence_min_seeds", "placement",
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
                                "report_name", "figures", "comparisons",
-                               "equivalence_margin", "time_to_accuracy")
+                               "equivalence_margin", "time_to_accuracy",
+                               "measured_time_to_accuracy")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -96,6 +97,9 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("experiment %r: purpose must be both, accuracy or timing" % name)
         if name in names:
             raise SpecError("experiment name %r used twice" % name)
+        problem = emulated_hosts.check_placement(exp.get("placement", spec.get("placement")))
+        if problem:
+            raise SpecError("experiment %r: %s" % (name, problem))
         every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
         if every is not None and (isinstance(every, bool) or not isinstance(every, int)
                                   or every < 1):
@@ -117,6 +121,9 @@ def validate_spec(spec: Dict[str, object]) -> None:
     validate_figures(spec.get("figures"), names)
     validate_comparisons(spec.get("comparisons"), names)
     validate_time_to_accuracy(spec.get("time_to_accuracy"))
+    problem = measured_tta.check_settings(spec.get("measured_time_to_accuracy"))
+    if problem:
+        raise SpecError(problem)
     margin = spec.get("equivalence_margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                or not margin > 0):
@@ -303,6 +310,7 @@ class RunPlan:
     knobs: Dict[str, object] = field(default_factory=dict)
     #: iterations between checkpoints; set, the run resumes after an interruption
     checkpoint_every: Optional[int] = None
+    placement: str = "separate"  # see emulated_hosts
 
     @property
     def run_id(self) -> str:
@@ -352,12 +360,14 @@ class RunPlan:
         return self.algorithm in HOROVOD_STORES
 
     def launch_text(self) -> str:
-        if self.allreduce and not self.rate:
+        if self.allreduce and not self.rate and self.placement == "separate":
             env = " ".join("-x %s=%s" % kv for kv in sorted(self.env.items()))
             return "horovodrun -np %d -H localhost:%d --gloo%s %s" % (
                 self.num_workers, self.num_workers, (" " + env) if env else "",
                 self.command_text())
-        net = " --emulate-network %s" % self.rate if self.rate else ""
+        net = (" --emulate-network %s" % emulated_hosts.job_network(self.rate, self.args)
+               if self.rate else "") + (" (servers %s)" % self.placement
+                                        if self.placement != "separate" else "")
         env = " ".join("%s=%s" % kv for kv in sorted(self.env.items()))
         return "python -m mxnet_cpsgd.launch -n %d -s %d%s%s -- %s" % (
             self.num_workers, self.num_servers, net, (" --env " + env) if env else "",
@@ -368,7 +378,9 @@ class RunPlan:
         blob = json.dumps({"script": self.script, "algorithm": self.algorithm,
                            "seed": self.seed, "args": self.args, "env": self.env,
                            "workers": self.num_workers, "servers": self.num_servers,
-                           "rate": self.rate}, sort_keys=True)
+                           "rate": self.rate, **({"placement": self.placement}
+                                                 if self.placement != "separate" else {})},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -411,7 +423,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
         seeds = _as_list(exp.get("seeds", spec.get("seeds")), [42])
         rates = _as_list(exp.get("rates", spec.get("rates")), [None])
         workers = _as_list(exp.get("workers", spec.get("workers")), [2])
-        servers = int(exp.get("num_servers", spec.get("num_servers", 1)))
+        servers = exp.get("num_servers", spec.get("num_servers"))
+        placement = exp.get("placement", spec.get("placement", "separate"))
         job_timeout = exp.get("job_timeout", spec.get("job_timeout"))
         timeout = float(exp.get("timeout", spec.get("timeout", 60)))
         checkpoint_every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
@@ -450,7 +463,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
                         plans.append(RunPlan(
                             order=len(plans), experiment=name, label=label,
                             algorithm=str(run["algorithm"]), num_workers=int(m),
-                            num_servers=servers, rate=rate, seed=int(seed), args=args,
+                            num_servers=emulated_hosts.num_servers(placement, servers, int(m)),
+                            rate=rate, seed=int(seed), args=args, placement=placement,
                             env=run_env, script=script,
                             job_timeout=float(job_timeout) if job_timeout else None,
                             timeout=timeout, knobs=plan_knobs,
