@@ -40,3 +40,15 @@ def job_network(rate: Optional[str], args: Dict[str, object]) -> Optional[str]:
         return rate
     from ..cluster import netspec
     return netspec.dilate_spec(rate, scale)
+
+
+def launcher_flags(rate: Optional[str], args: Dict[str, object], placement: str) -> str:
+    """The network flags of ``cpsgd-launch`` for such a run (with a leading space;
+    empty for an unshaped run on separate hosts)."""
+    text = " --emulate-network %s" % rate if rate else ""
+    scale = args.get("time-scale")
+    if rate and scale not in (None, False, 1, 1.0, "1"):
+        text += " --time-scale %s" % scale
+    if placement != "separate":
+        text += " --placement %s" % placement
+    return text

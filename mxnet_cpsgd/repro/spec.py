@@ -365,13 +365,12 @@ class RunPlan:
             return "horovodrun -np %d -H localhost:%d --gloo%s %s" % (
                 self.num_workers, self.num_workers, (" " + env) if env else "",
                 self.command_text())
-        net = (" --emulate-network %s" % emulated_hosts.job_network(self.rate, self.args)
-               if self.rate else "") + (" (servers %s)" % self.placement
-                                        if self.placement != "separate" else "")
+        net = emulated_hosts.launcher_flags(self.rate, self.args, self.placement)
         env = " ".join("%s=%s" % kv for kv in sorted(self.env.items()))
-        return "python -m mxnet_cpsgd.launch -n %d -s %d%s%s -- %s" % (
-            self.num_workers, self.num_servers, net, (" --env " + env) if env else "",
-            self.command_text())
+        nodes = ("--allreduce -n %d" % self.num_workers if self.allreduce
+                 else "-n %d -s %d" % (self.num_workers, self.num_servers))
+        return "python -m mxnet_cpsgd.launch %s%s%s -- %s" % (
+            nodes, net, (" --env " + env) if env else "", self.command_text())
 
     def fingerprint(self) -> str:
         """Identifies what the run computes (not where its logs go)."""
