@@ -138,3 +138,27 @@ def test_measured_cells_and_projection(tmp_path):
     assert measured_tta.check_settings({"drops": [0]}) is not None
     assert measured_tta.check_settings({"drops": [0.5], "bench_ms_per_iteration":
                                         {"e": {"cp": 50.0}}}) is None
+
+
+def test_spec_placement_and_dilated_rate():
+    """placement colocated: a server per worker by default; a run's time-scale dilates
+    its rate for the launcher; separate runs keep their fingerprints' old form."""
+    from mxnet_cpsgd.repro import emulated_hosts, spec as spec_mod
+    base = {"script": "scripts/train_mnist.py", "workers": [4], "rates": ["30mbit,fair"],
+            "args": {"emulate-compute": 100, "time-scale": 3},
+            "runs": [{"label": "SSGD", "algorithm": "ssgd"}]}
+    colocated = spec_mod.expand(dict(base, placement="colocated"))[0]
+    separate = spec_mod.expand(base)[0]
+    assert (colocated.num_servers, colocated.placement) == (4, "colocated")
+    assert (separate.num_servers, separate.placement) == (1, "separate")
+    assert colocated.fingerprint() != separate.fingerprint()
+    # 30 Mbit/s dilated x3
+    assert emulated_hosts.job_network("30mbit,fair", colocated.args) == "10000000bit,fair"
+    assert emulated_hosts.job_network("30mbit", {}) == "30mbit"
+    assert emulated_hosts.job_network(None, colocated.args) is None
+    assert ("--emulate-network 30mbit,fair --time-scale 3 --placement colocated"
+            in colocated.launch_text())
+    with pytest.raises(spec_mod.SpecError, match="placement"):
+        spec_mod.validate_spec(dict(base, placement="everywhere"))
+    with pytest.raises(spec_mod.SpecError, match="measured_time_to_accuracy"):
+        spec_mod.validate_spec(dict(base, measured_time_to_accuracy={"drop": [1]}))
