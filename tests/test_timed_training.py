@@ -135,6 +135,16 @@ def test_measured_cells_and_projection(tmp_path):
     cp_row = next(line for line in text.splitlines() if "| cp |" in line)
     # paired: (6 - 20.5, 13 - 19) = (-14.5, -6): mean -10.25; ratio 0.75 / 9.5
     assert "-10.2 [" in cp_row and "| 0.08 |" in cp_row
+    # the projection's times from a bench experiment at the same M and rate
+    from mxnet_cpsgd.repro.bench_report import BenchExperiment, Point
+    bench = BenchExperiment("b", ["cp"], [
+        Point(2, None, "20mbit", {"cp": {"mean_ms": 70.0}}, 60.0),
+        Point(2, None, "10mbit", {"cp": {"mean_ms": 80.0}}, 60.0)], [], [])
+    assert measured_tta.bench_times(cells, {"bench_experiments": {"e": "b"}}, [bench]) == \
+        {"e": {"cp": 80.0}}
+    assert measured_tta.bench_times(cells, {"bench_experiments": {"e": "b"},
+                                            "bench_ms_per_iteration": {"e": {"cp": 5.0}}},
+                                    [bench]) == {"e": {"cp": 5.0}}
     assert measured_tta.check_settings({"drops": [0]}) is not None
     assert measured_tta.check_settings({"drops": [0.5], "bench_ms_per_iteration":
                                         {"e": {"cp": 50.0}}}) is None

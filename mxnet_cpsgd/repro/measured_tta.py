@@ -15,8 +15,10 @@ minus the drop; the measured time is that validation's clock, the iterations its
 iteration count (both at most one validation interval late).  Paired by seed, the
 difference to the reference's time gets a 95 % interval (Student's t).  The
 projection multiplies the same iteration counts by the spec's
-``bench_ms_per_iteration`` (cpsgd-bench, the same model's shapes, alone on the
-machine); the ratio projection / measured says how far a projection is from what a
+``bench_ms_per_iteration`` ({experiment: {label: ms}}), or else the ms per iteration
+that the spec's bench experiment named in ``bench_experiments`` ({experiment: bench
+experiment}) measured for the label at the same M and rate (cpsgd-bench, the same
+model's shapes, alone on the machine); the ratio projection / measured says how far a projection is from what a
 run takes.
 """
 import glob
@@ -32,7 +34,7 @@ from .markdown import md_table
 from .paired import t95
 
 SETTINGS_KEYS = ("experiments", "reference", "drops", "bench_ms_per_iteration",
-                 "bench_source")
+                 "bench_experiments", "bench_source")
 _VAL_FILE = re.compile(r"^log-val(?:\.rank\d+)?\.json$")
 
 
@@ -177,6 +179,35 @@ def _paired_text(cell: Cell, ref: Optional[Cell]) -> str:
     return "%+.1f [%+.1f, %+.1f] (%d seeds)" % (ci + (len(diffs),))
 
 
+def bench_times(cells: Sequence[Cell], settings: Dict[str, object],
+                bench_exps: Sequence[object] = ()) -> Dict[str, Dict[str, float]]:
+    """{experiment: {label: ms per iteration}} for the projection: the spec's
+    ``bench_ms_per_iteration``, else its ``bench_experiments``' measurements (the
+    bench's point at the cell's M and link rate, the rate without its queue).
+
+    Args:
+        cells: the section's cells.
+        settings: the spec's ``measured_time_to_accuracy``.
+        bench_exps: the reproduction's bench experiments
+            (:func:`.bench_report.load`).
+    """
+    out: Dict[str, Dict[str, float]] = {}
+    named = settings.get("bench_experiments") or {}
+    by_name = {getattr(b, "name", None): b for b in bench_exps}
+    for c in cells:
+        given = (settings.get("bench_ms_per_iteration") or {}).get(c.experiment) or {}
+        ms = given.get(c.label)
+        bench = by_name.get(named.get(c.experiment))
+        if ms is None and bench is not None:
+            rate = (c.rate or "").split(",")[0]
+            points = [p for p in bench.points if p.num_workers == c.num_workers]
+            point = next((p for p in points if p.rate == rate), None)
+            ms = point.ms(c.label) if point is not None else None
+        if ms is not None:
+            out.setdefault(c.experiment, {})[c.label] = float(ms)
+    return out
+
+
 def measured_markdown(cells: Sequence[Cell],
                       bench_ms: Optional[Dict[str, Dict[str, float]]] = None) -> str:
     """The section's table: measured time, its paired difference to the reference,
@@ -208,9 +239,17 @@ def measured_markdown(cells: Sequence[Cell],
                     ["l", "r", "l", "l"] + ["r"] * 9)
 
 
-def measured_section(runs: Sequence[Run], settings: Dict[str, object]) -> List[str]:
+def measured_section(runs: Sequence[Run], settings: Dict[str, object],
+                     bench_exps: Sequence[object] = ()) -> List[str]:
     """The report's "Time to accuracy, measured" section (Markdown lines; empty
-    when no run has a validation log)."""
+    when no run has a validation log).
+
+    Args:
+        runs: the reproduction's runs.
+        settings: the spec's ``measured_time_to_accuracy``.
+        bench_exps: its bench experiments (:func:`.bench_report.load`), for
+            ``bench_experiments``.
+    """
     cells = measured_cells(runs, settings)
     if not cells:
         return []
@@ -230,7 +269,7 @@ def measured_section(runs: Sequence[Run], settings: Dict[str, object]) -> List[s
           "measurement." % (spacing if spacing else "n/a"), ""]
     if settings.get("bench_source"):
         md += ["Bench: %s" % settings["bench_source"], ""]
-    md += [measured_markdown(cells, settings.get("bench_ms_per_iteration")), ""]
+    md += [measured_markdown(cells, bench_times(cells, settings, bench_exps)), ""]
     if overruns:
         md += ["Real compute beyond the padding: at most %.1f %% of a run's clock (the "
                "padding, not this machine's CPU, sets the compute time where this is "
@@ -258,4 +297,8 @@ def check_settings(settings: object) -> Optional[str]:
                                         for x in v.values()) for v in ms.values()):
         return ("measured_time_to_accuracy: 'bench_ms_per_iteration' must map experiment "
                 "-> {label: positive ms}")
+    named = settings.get("bench_experiments") or {}
+    if not isinstance(named, dict) or not all(isinstance(v, str) for v in named.values()):
+        return ("measured_time_to_accuracy: 'bench_experiments' must map experiment -> "
+                "the name of a bench experiment")
     return None

@@ -194,7 +194,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
         md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
                                        out_dir if plots else None)
     if meta.get("measured_time_to_accuracy"):
-        md += measured_section(runs, meta["measured_time_to_accuracy"])
+        md += measured_section(runs, meta["measured_time_to_accuracy"], bench_exps)
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
         figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)
