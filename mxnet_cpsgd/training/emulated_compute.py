@@ -23,7 +23,7 @@ emulated schedule (counted: :attr:`PaddedCompute.overrun_seconds`).  With
 times slower: time dilation, see docs/performance.md).
 """
 import argparse
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import mxnet as mx
 from mxnet import gluon
@@ -38,9 +38,10 @@ FORWARD_SHARE = 1.0 / 3.0
 
 
 def layer_shares(model_name: str, classes: int, sample_shape: Sequence[int],
-                 batch_size: int) -> List[float]:
+                 batch_size: int) -> List[Tuple[float, List[int]]]:
     """Each trainable layer's share of the compute (forward FLOPs), in forward
-    order, with the number of trainable parameters each holds.
+    order, with the indices of its parameters among the model's trainable ones
+    (``collect_params`` order).
 
     Counted on a separate, zero-initialized copy of the model in predict mode: no
     random number is drawn and the trained model is not touched, so the training's
@@ -53,13 +54,16 @@ def layer_shares(model_name: str, classes: int, sample_shape: Sequence[int],
         batch_size: per-worker batch.
 
     Returns:
-        ``[(share, number of trainable parameters of the layer)]``.
+        ``[(share, [parameter index, ...])]``.
     """
     copy = models.get_model(model_name, classes=classes)
     copy.initialize(mx.init.Zero(), ctx=mx.cpu())
     layers = layer_flops(copy, sample_shape, batch_size, train_mode=False)
+    index = {id(p): i for i, p in enumerate(
+        p for p in copy.collect_params().values() if p.grad_req != "null")}
     total = sum(layer["flops"] for layer in layers) or 1.0
-    return [(layer["flops"] / total, len(layer["params"])) for layer in layers]
+    return [(layer["flops"] / total, [index[id(p)] for p in layer["params"]])
+            for layer in layers]
 
 
 class PaddedCompute:
@@ -81,20 +85,18 @@ class PaddedCompute:
                  time_scale: float, ctx: mx.Context):
         params = [p for p in net.collect_params().values() if p.grad_req != "null"]
         shares = layer_shares(model_name, classes, sample_shape, batch_size)
-        if sum(n for _, n in shares) != len(params):
+        counted = sorted(i for _, indices in shares for i in indices)
+        if counted != list(range(len(params))):
             raise UsageError("--emulate-compute: the layers of %s hold %d trainable "
-                             "parameters, the model %d" % (model_name,
-                                                          sum(n for _, n in shares),
+                             "parameters, the model %d" % (model_name, len(counted),
                                                           len(params)))
         seconds = total_ms * time_scale / 1e3
         self.ctx = ctx
         self.layers = []  # (params, forward s, backward s), forward order
-        start = 0
-        for share, count in shares:
-            self.layers.append((params[start:start + count],
+        for share, indices in shares:
+            self.layers.append(([params[i] for i in indices],
                                 seconds * FORWARD_SHARE * share,
                                 seconds * (1 - FORWARD_SHARE) * share))
-            start += count
         self._late_at_start = timer().late_seconds
 
     def forward(self) -> None:
