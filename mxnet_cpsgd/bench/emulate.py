@@ -31,7 +31,8 @@ backward costs about twice its forward).
 The operations play as one stream, in the order they were pushed, like the
 single compute stream of a GPU: one runs when the engine has started it (its
 inputs are ready) and the previous one has finished, so the next iteration's
-forward follows the last backward.  They are *asynchronous* engine operations pushed with MXNet's
+forward follows the last backward.  They are *asynchronous* engine operations
+(:mod:`kvstore_ext.engine_wait`) pushed with MXNet's
 C API (``MXEnginePushAsyncND``): the engine thread that starts one only hands
 its completion callback to a timer thread and is free again at once; the timer
 thread sleeps until the layer's time is up, copies the layer's gradient values
