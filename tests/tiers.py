@@ -70,6 +70,8 @@ FAST = {
                             "test_mxnet_and_project_names_still_create_their_stores"],
     "test_tiers.py": ["*"],
     "test_time_to_accuracy.py": ["*"],
+    "test_timed_training.py": ["test_timing_flags_refused", "test_measured_cells_and_projection",
+                               "test_spec_placement_and_dilated_rate"],
     "test_worker_momentum.py": ["test_reference_*", "test_bad_settings_are_refused",
                                 "test_other_optimizers_are_refused",
                                 "test_states_of_the_other_path_are_refused"],

@@ -404,6 +404,9 @@ def _parser() -> argparse.ArgumentParser:
                              "is dilated: slow the workers' compute down by D yourself "
                              "(e.g. an emulated compute time x D) and divide the times you "
                              "measure by D (cpsgd-bench --time-scale does all of this)")
+    parser.add_argument("--placement", choices=("separate", "colocated"), default="separate",
+                        help="with --emulate-network: every node on its own host, or one "
+                             "host per worker running it and one server (default separate)")
     parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
     parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         metavar="SECONDS",
@@ -486,7 +489,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
                          stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
-                         allreduce=args.allreduce, host_wait=args.host_wait)
+                         allreduce=args.allreduce, host_wait=args.host_wait,
+                         placement=args.placement)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode

@@ -43,6 +43,7 @@ from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pc
 from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
 from .paired import PairedDiff, chosen_differences, iteration_series, paired_differences
 from .time_to_accuracy import time_to_accuracy_section
+from .measured_tta import measured_section
 from . import bench_report
 from .run_tables import experiments_section, in_progress, runs_section
 # importable from here as before they moved to run_tables.py
@@ -192,6 +193,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     if meta.get("time_to_accuracy"):
         md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
                                        out_dir if plots else None)
+    if meta.get("measured_time_to_accuracy"):
+        md += measured_section(runs, meta["measured_time_to_accuracy"], bench_exps)
     settings = setting_keys(acc_groups)
     if plots and meta.get("figures"):
         figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)

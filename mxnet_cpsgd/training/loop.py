@@ -27,6 +27,7 @@ from mxnet import autograd, gluon
 from . import data as data_mod
 from .options import PROJECT_STORES, UsageError, compression_params, parse_lr_decay_epochs
 from .logs import EpochLogWriter, logger, rank_path
+from .timed_training import TimedTraining
 from .checkpoint import (TrainState, check_writable, load_checkpoint, newest_complete,
                          read_checkpoint, save_checkpoint)
 from kvstore_ext.progress import ProgressReporter
@@ -211,6 +212,8 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     report_schedule = copy.deepcopy(scheduler)
     result = RunResult(state=state)
     stop = False
+    timed = TimedTraining(args, net, params, ctx, model_name, info.num_classes, info.shape,
+                          iters_per_epoch, rank, num_workers, resume=resume)
 
     while state.epoch < args.num_epochs and not stop:
         epoch = state.epoch
@@ -219,6 +222,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
         loss_sum, loss_count, iterations, comm = 0.0, 0, 0, 0.0
         tic = time.time()
         btic = tic
+        validating0 = timed.validation_seconds
         net_tx0 = _iface_tx_bytes(args)
         for i, (data, label) in enumerate(train_data):
             if i < skip:
@@ -230,10 +234,12 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
                 break
             datas = gluon.utils.split_and_load(data, ctx, even_split=False)
             labels = gluon.utils.split_and_load(label, ctx, even_split=False)
+            timed.before_forward()
             with autograd.record():
                 outputs = [net(x) for x in datas]
                 losses = [loss_fn(o, y) for o, y in zip(outputs, labels)]
             autograd.backward(losses)
+            timed.after_backward()
             if args.comm_timing:
                 for p in params:
                     for g in p.list_grad():
@@ -253,6 +259,8 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             state.iteration += 1
             state.epoch_iteration = i + 1
             progress.report("train", state.iteration)
+            timed.after_iteration(state.iteration, epoch, i + 1, lambda: evaluate(
+                net, val_data, ctx, loss_fn, progress))
             if (args.checkpoint_every and state.iteration % args.checkpoint_every == 0
                     and i + 1 < iters_per_epoch
                     and (args.max_iters is None or state.iteration < args.max_iters)):
@@ -265,7 +273,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
                 logger.info("[Epoch %d Batch %d] Speed: %.1f samples/sec train=%.4f loss=%.4f",
                             epoch, i + 1, speed, metric.get()[1], loss_sum / max(loss_count, 1))
                 btic = time.time()
-        epoch_time = time.time() - tic
+        epoch_time = time.time() - tic - (timed.validation_seconds - validating0)
         net_tx = _iface_tx_bytes(args)
         if net_tx is not None and net_tx0 is not None and iterations:
             logger.info("[Epoch %d] %s sent %d bytes during %d training iterations: "
@@ -278,7 +286,8 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             state.epoch_iteration = 0
         if iterations == 0:
             break
-        val_acc, val_loss, _ = evaluate(net, val_data, ctx, loss_fn, progress)
+        val_acc, val_loss, _ = timed.epoch_validation(state.iteration, epoch, lambda: evaluate(
+            net, val_data, ctx, loss_fn, progress))
         samples = iterations * args.batch_size
         sps = samples / epoch_time if epoch_time > 0 else float("nan")
         record = {
@@ -293,6 +302,7 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             "lr": _current_lr(report_schedule, state.iteration * updates, args.lr),
             "dataset": info.name, "model": model_name, "batch_size": args.batch_size,
         }
+        record.update(timed.epoch_fields())
         record = {k: _json_number(v) for k, v in record.items()}
         writer.write(record)
         result.records.append(record)
