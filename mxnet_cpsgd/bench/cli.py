@@ -4,7 +4,7 @@ Usage::
 
     cpsgd-bench [--model cifar_resnet20_v1] [-n 2] [-s S] [--batch-size 32]
         [--placement colocated|separate] [--emulate-compute MS]
-        [--rates none,1gbit,100mbit] [--queue fifo|fair]
+        [--rates none,1gbit,100mbit] [--queue fair|fifo]
         [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--time-scale D] [--timeline] [--out-dir DIR]
 
@@ -48,9 +48,10 @@ bytes can still be counted; ``loopback`` runs on 127.0.0.1 like a plain
 launcher job (no byte counts); any tc rate (``100mbit``, ``1gbit``) shapes
 both directions of every node's link.  Namespaces need root; without it
 ``none`` falls back to ``loopback`` and shaped rates are skipped.  ``--queue``
-picks the shaped links' queue discipline: ``fifo`` (default; one tbf FIFO per
-link direction, the flows of a link take turns) or ``fair`` (the flows share
-the rate, as with a Linux host's default fq_codel; mxnet_cpsgd.cluster.netem).
+picks the shaped links' queue discipline: ``fair`` (default, as every figure of
+docs/performance.md; the flows share the rate, as with a Linux host's default
+fq_codel; mxnet_cpsgd.cluster.netem) or ``fifo`` (one tbf FIFO per link
+direction, the flows of a link take turns).
 
 Time dilation (``--time-scale D``, D >= 1, default 1): every job runs D times
 slower, emulated compute x D and link rates / D (and delays x D), and every

@@ -51,38 +51,51 @@ STOCK_SYNC = "dist_sync"
 def _parser():
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.bench.worker",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS))
+    p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS),
+                   help="the network, on synthetic data (default cifar_resnet20_v1)")
     p.add_argument("--algorithm", required=True,
                    help="a registered store name, or '%s' (no kvstore)" % COMPUTE_ONLY)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup-iters", type=int, default=10)
-    p.add_argument("--algo-warmup-steps", type=int, default=5)
-    p.add_argument("--threshold", type=float, default=0.5)
-    p.add_argument("--correction-period", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="samples per iteration (default 32)")
+    p.add_argument("--iters", type=int, default=30, help="timed iterations (default 30)")
+    p.add_argument("--warmup-iters", type=int, default=10,
+                   help="discarded iterations before timing (default 10)")
+    p.add_argument("--algo-warmup-steps", type=int, default=5,
+                   help="warmup_steps of the stores whose warm-up is on (default 5)")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="threshold of the stores that take one (default 0.5)")
+    p.add_argument("--correction-period", type=int, default=5,
+                   help="correction_period of the CP-SGD stores (default 5)")
     p.add_argument("--knobs", default=None, metavar="JSON",
                    help="a JSON object of store knobs (an algorithm variant of cpsgd-bench); "
-                        "they override --threshold/--correction-period/--algo-warmup-steps")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--out-dir", required=True)
+                        "they override --threshold/--correction-period/--algo-warmup-steps "
+                        "(default: none)")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--out-dir", required=True, help="where the worker writes its JSON")
     p.add_argument("--netns", action="store_true",
                    help="this worker runs in its own network namespace: read eth0's counters")
-    p.add_argument("--num-servers", type=int, default=1)
+    p.add_argument("--num-servers", type=int, default=1,
+                   help="servers of the job (default 1)")
     p.add_argument("--root-netns-pid", type=int, default=None,
                    help="a process in the root network namespace (the bench itself), to "
-                        "read the links' receive-side tbf counters through")
-    p.add_argument("--profile-iters", type=int, default=0)
+                        "read the links' receive-side tbf counters through (default: "
+                        "none, no drop counts)")
+    p.add_argument("--profile-iters", type=int, default=0,
+                   help="iterations profiled with MXNet's profiler after the timed ones "
+                        "(default 0)")
     p.add_argument("--emulate-compute", type=float, default=0.0, metavar="MS",
                    help="replace forward/backward by engine waits totalling MS ms per "
                         "iteration, releasing each layer's gradients in reverse order "
                         "(mxnet_cpsgd.bench.emulate); 0 (default): real compute")
     p.add_argument("--placement", default="separate", choices=("separate", "colocated"),
-                   help="how the job's nodes sit on the emulated hosts (for the counters)")
+                   help="how the job's nodes sit on the emulated hosts, for the counters "
+                        "(default separate)")
     p.add_argument("--num-hosts", type=int, default=None,
-                   help="emulated hosts (namespaces) of the job, for the tbf drop counters")
+                   help="emulated hosts (namespaces) of the job, for the tbf drop counters "
+                        "(default: one per node)")
     p.add_argument("--setup", default=None,
                    help="a Python file run in every worker after importing mxnet_cpsgd, "
-                        "before the store is created")
+                        "before the store is created (default: none)")
     return p
 
 

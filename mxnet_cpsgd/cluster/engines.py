@@ -129,11 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "starts every node: on the hosts of -H, or here without)")
     parser.add_argument("--srun-option", action="append", default=[], metavar="OPTION",
                         help="with --launcher slurm: one more option for every srun "
-                             "(repeatable, e.g. --srun-option=--mpi=none)")
+                             "(repeatable, e.g. --srun-option=--mpi=none; default: none)")
     parser.add_argument("--mpirun-option", action="append", default=[], metavar="OPTION",
                         help="with --launcher mpi: one more option for every mpirun "
                              "(repeatable, e.g. --mpirun-option=--mca "
-                             "--mpirun-option=plm_rsh_agent=ssh)")
+                             "--mpirun-option=plm_rsh_agent=ssh; default: none)")
 
 
 def slurm_cluster(args: argparse.Namespace) -> slurm.SlurmCluster:

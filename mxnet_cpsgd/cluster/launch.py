@@ -373,16 +373,19 @@ class _Attempt:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cpsgd-launch",
-        usage="%(prog)s -n WORKERS -s SERVERS [options] -- COMMAND ARGS...",
+        usage="%(prog)s [-n WORKERS] [-s SERVERS] [options] -- COMMAND ARGS...",
         description="Start a ps-lite job (1 scheduler, S servers running "
-                    "'import mxnet', M workers running COMMAND) on this machine, "
-                    "print every node's output prefixed with its name, and stop "
-                    "everything when any node fails.")
+                    "'import mxnet', M workers running COMMAND), or with --allreduce "
+                    "a Horovod/Gloo job, on this machine, on the hosts of -H over ssh, "
+                    "in a Slurm allocation or with mpirun; print every node's output "
+                    "prefixed with its name, and stop everything when any node fails.")
     parser.add_argument("-n", "--num-workers", type=int, default=None,
-                        help="workers (>= 1; with --launcher slurm default one per task)")
+                        help="workers (>= 1); no default (required), except with "
+                             "--launcher slurm: one per task")
     parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="servers (>= 1; with -H default one per host, with "
-                             "--launcher slurm one per node)")
+                        help="servers (>= 1); default with -H one per host, with "
+                             "--launcher slurm one per node, with --allreduce none "
+                             "(no servers run); otherwise required")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds from the end or failure of the job until every "
                              "process must be gone (default 60)")
@@ -391,7 +394,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=None,
                         help="scheduler port (default: a free one)")
     parser.add_argument("--env", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="environment for every node (repeatable)")
+                        help="environment for every node (repeatable; default: none "
+                             "beyond the launcher's own)")
     parser.add_argument("--emulate-network", metavar="RATE[,DELAY][,QUEUE]", default=None,
                         help="run each node in its own network namespace with links "
                              "shaped to RATE (e.g. 100mbit) and optional one-way DELAY "
@@ -404,7 +408,9 @@ def _parser() -> argparse.ArgumentParser:
                              "is dilated: slow the workers' compute down by D yourself "
                              "(e.g. an emulated compute time x D) and divide the times you "
                              "measure by D (cpsgd-bench --time-scale does all of this)")
-    parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
+    parser.add_argument("--log-dir", default=None,
+                        help="also write one log file per node here (default: none, "
+                             "output only printed)")
     parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
                         metavar="SECONDS",
                         help="end the job when a node makes no progress for this long: "
@@ -429,10 +435,14 @@ def _parser() -> argparse.ArgumentParser:
         "path on every host.  See docs/launcher.md.")
     hosts.add_argument("-H", "--hostfile", default=None,
                        help="run the nodes on these hosts: one host[:port] per line; "
-                            "servers, then workers, round-robin")
-    hosts.add_argument("--ssh-user", default=None, help="ssh login name (ssh -l)")
-    hosts.add_argument("--ssh-identity", default=None, help="ssh private key (ssh -i)")
-    hosts.add_argument("--ssh-config", default=None, help="ssh configuration file (ssh -F)")
+                            "servers, then workers, round-robin (default: none, this "
+                            "machine or the Slurm allocation)")
+    hosts.add_argument("--ssh-user", default=None,
+                       help="ssh login name (ssh -l; default: ssh's own)")
+    hosts.add_argument("--ssh-identity", default=None,
+                       help="ssh private key (ssh -i; default: ssh's own)")
+    hosts.add_argument("--ssh-config", default=None,
+                       help="ssh configuration file (ssh -F; default: ssh's own)")
     hosts.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                        help="ssh -o option (repeatable; overrides the launcher's defaults)")
     hosts.add_argument("--ssh-connect-timeout", type=float, default=10.0,
@@ -447,7 +457,8 @@ def _parser() -> argparse.ArgumentParser:
                             "the same path on every host (default: this one)")
     hosts.add_argument("--copy-workdir", default=None, metavar="DIR",
                        help="copy the current directory to DIR on every host first "
-                            "(tar over ssh) and run there")
+                            "(tar over ssh) and run there (default: run in the current "
+                            "directory's path on every host)")
     return parser
 
 

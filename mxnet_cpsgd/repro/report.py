@@ -426,15 +426,24 @@ def reference_markdown(ref: Dict[str, object]) -> str:
     return md_table([""] + columns, body)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mxnet_cpsgd.repro.report OUT [--out-dir DIR] [--name report.md]``."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.repro.report",
                                 description="Write the Markdown report of a reproduction's logs.")
     p.add_argument("root", help="output directory of cpsgd-reproduce (or any run tree)")
     p.add_argument("--out-dir", default=None, help="where to write (default: ROOT)")
-    p.add_argument("--name", default="report.md", help="Markdown file name")
-    p.add_argument("--title", default=None)
-    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--name", default="report.md",
+                   help="Markdown file name (default report.md)")
+    p.add_argument("--title", default=None,
+                   help="the report's heading (default: the title or name in "
+                        "ROOT/reproduce.json, else ROOT's name)")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="write no PNGs (the report without figures)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mxnet_cpsgd.repro.report OUT [--out-dir DIR] [--name report.md]``."""
+    p = _parser()
     args = p.parse_args(argv)
     if not os.path.isdir(args.root):
         p.error("no such directory: %s" % args.root)

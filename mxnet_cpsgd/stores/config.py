@@ -109,6 +109,7 @@ def _choice(*choices):
             raise ConfigError("%s must be one of %s, got %r"
                               % (name, ", ".join(repr(c) for c in choices), value))
         return value.lower()
+    check.choices = choices  # what a command line lists
     return check
 
 
@@ -122,6 +123,9 @@ def _correction_residual(name, value):
                           "2-bit store's residual) or 'fold' (the dense step sends gradient "
                           "+ memory and empties it), got %r" % (name, value))
     return value
+
+
+_correction_residual.choices = CORRECTION_RESIDUAL
 
 
 # knob -> (validator, meaning); the defaults live with each algorithm's policy
