@@ -36,6 +36,7 @@ FAST = {
     "test_docs.py": ["*"],
     "test_faults_campaign.py": ["test_plan_covers_every_kind_once_and_is_seeded"],
     "test_gpu_wheel.py": ["*"],
+    "test_help.py": ["*"],
     "test_horovod.py": ["test_horovod_matches_ssgd[kvstore-same]",
                         "test_missing_horovod_says_how_to_install",
                         "test_import_does_not_import_horovod",
