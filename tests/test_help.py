@@ -57,7 +57,7 @@ def _built_by(module_name, function="_parser"):
 
 #: command -> what builds its parser
 PARSERS = {
-    "cpsgd-launch": _built_by("mxnet_cpsgd.cluster.launch"),
+    "cpsgd-launch": _built_by("mxnet_cpsgd.cluster.launch_options", "build_parser"),
     "cpsgd-bench": _built_by("mxnet_cpsgd.bench.options", "build_parser"),
     "cpsgd-reproduce": _built_by("mxnet_cpsgd.repro.runner"),
     "train_mnist.py": lambda: _script_parser("train_mnist"),
