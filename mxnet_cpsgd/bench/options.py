@@ -121,7 +121,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
                         "workers' JSON and logs are always kept there)")
     p.add_argument("--rerender", metavar="RESULTS_JSON", default=None,
                    help="do not run anything: recompute the tables, target checks and plot "
-                        "of an earlier results.json (into --out-dir, default its directory)")
+                        "of an earlier results.json (into --out-dir, default its directory; "
+                        "without --rerender: run the sweep)")
     p.add_argument("--plot-workers", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="do not run anything: plot time per iteration and throughput "
                         "against workers from several results.json (e.g. -n 2 and -n 4) "

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "shaped to RATE (e.g. 100mbit) and optional one-way DELAY "
                              "(e.g. 0.2ms; needs netem in the kernel); QUEUE fifo "
                              "(default: one FIFO per link direction) or fair (the TCP "
-                             "flows of a link share its rate; not with DELAY); root only")
+                             "flows of a link share its rate; not with DELAY); root only "
+                             "(default: none, no emulated network)")
     parser.add_argument("--time-scale", metavar="D", default=None,
                         help="time dilation of --emulate-network: rates divided by D, "
                              "delays multiplied by D (D >= 1, default 1).  Only the network "
