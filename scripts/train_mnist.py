@@ -22,9 +22,9 @@ from mxnet_cpsgd.training import common, options  # noqa: E402
 from mxnet_cpsgd.training.data import MNIST_DATASETS  # noqa: E402
 
 # Measured on a 2-core machine, 2 workers + 1 server (see docs/training.md):
-# about a minute per run; val accuracy after 20 epochs: ssgd 97.6%; cpsgd 94.6-97.6%
-# (one run in seven diverged, 88.6%) with the authors' local momentum 0, 97.7-97.8%
-# with --local-momentum 0.9.
+# about a minute per run; val accuracy after 20 epochs: ssgd 97.6%; cpsgd 97.7-97.8%
+# with the local optimizer at the Trainer's momentum (the store's default), 94.6-97.6%
+# (one run in seven diverged, 88.6%) with the authors' --local-momentum 0.
 # lr follows gluon's distributed convention (--lr-convention sum): the servers sum
 # the workers' gradients, each averaged over its own batch, so 2 workers step by
 # about 2 * lr * the mean gradient (0.05 for batch 64 in one process).

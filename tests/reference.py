@@ -19,7 +19,8 @@ its own momentum state), once per round; round t uses the global learning rate
 Local optimizer ``Opt_l`` (odsgd, cpsgd, ssdsgd; the authors' rule): a separate
 optimizer of type ``local_optimizer`` (``'sgd'``, or ``'dcasgd'``: MXNet's DCASGD
 with momentum 0, see :class:`DCASGD`) with rescale ``r`` (the Trainer's),
-momentum ``local_momentum`` (default 0), weight decay ``local_wd`` (default: 0 for
+momentum ``local_momentum`` (default 0 for odsgd and ssdsgd; for cpsgd the
+Trainer's momentum, or 0 with momentum_path 'worker'), weight decay ``local_wd`` (default: 0 for
 cpsgd, the Trainer's wd for odsgd and ssdsgd) and learning rate
 ``ratio * lr(t)`` at iteration t, ``ratio = local_lr / lr`` if ``local_lr`` is set,
 else M.  localsgd: SGD with the Trainer's momentum and wd (``local_momentum``
@@ -78,7 +79,8 @@ DEFAULTS = {
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
-              "correction_schedule": "aligned", "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
+              "correction_schedule": "aligned", "local_lr": None, "local_momentum": None,
+              "local_optimizer": "sgd",
               "local_wd": 0.0, "momentum_path": "server", "local_input": None},
     "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,
                "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
@@ -324,8 +326,12 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
     elif "local_lr" in cfg:
         ratio = cfg["local_lr"] / lr if cfg.get("local_lr") is not None else float(M)
         local_wd = cfg["local_wd"] if cfg["local_wd"] is not None else wd
+        local_mom = cfg["local_momentum"]
+        if local_mom is None:
+            # cpsgd's default: the Trainer's momentum (0 when the workers run momentum)
+            local_mom = 0.0 if worker_momentum else momentum
         if cfg["local_optimizer"] == "sgd":
-            local_opts = [SGD(ratio * lr, cfg["local_momentum"], local_wd, rescale=r)
+            local_opts = [SGD(ratio * lr, local_mom, local_wd, rescale=r)
                           for _ in range(M)]
         else:
             assert cfg["local_optimizer"] == "dcasgd" and not cfg["local_momentum"]

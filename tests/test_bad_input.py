@@ -156,12 +156,13 @@ def test_local_optimizer_knobs_are_checked(knobs, words):
 
 
 def test_local_optimizer_knob_defaults_follow_the_authors():
-    """cpsgd: stock 'sgd', momentum 0, wd 0 (CD-SGD); odsgd/ssdsgd: momentum 0 and the
-    Trainer's wd (None); warm-ups 1000 / 200 / 499; localsgd keeps the Trainer's."""
+    """cpsgd: stock 'sgd', wd 0 (CD-SGD), momentum unset (the Trainer's, not the
+    authors' 0); odsgd/ssdsgd: momentum 0 and the Trainer's wd (None); warm-ups
+    1000 / 200 / 499; localsgd keeps the Trainer's."""
     resolved = {name: config.resolve(name, POLICIES[name].defaults, {}, {})
                 for name in ("cpsgd", "odsgd", "ssdsgd", "localsgd")}
     assert (resolved["cpsgd"].local_optimizer, resolved["cpsgd"].local_momentum,
-            resolved["cpsgd"].local_wd, resolved["cpsgd"].warmup_steps) == ("sgd", 0.0, 0.0, 1000)
+            resolved["cpsgd"].local_wd, resolved["cpsgd"].warmup_steps) == ("sgd", None, 0.0, 1000)
     assert (resolved["odsgd"].local_momentum, resolved["odsgd"].local_wd,
             resolved["odsgd"].warmup_steps) == (0.0, None, 200)
     assert (resolved["ssdsgd"].local_momentum, resolved["ssdsgd"].warmup_steps) == (0.0, 499)

@@ -1,9 +1,9 @@
 """``cpsgd-bench --plot-workers`` with several invocations per worker count, fed
-the real results.json of docs/performance.md's Summary (docs/perf/): the "a / b"
+the real results.json of the performance Summary (reports/perf/): the "a / b"
 table and the plotted mean and spread against numpy on the same files, and the
 refusal to average invocations that measured different things; ``--plot-rate``
 (each file reduced to its fastest or slowest rate) against the rows read here; and
-docs/perf/exchange_bound_table.py on a results.json without a compute-only job."""
+reports/perf/exchange_bound_table.py on a results.json without a compute-only job."""
 import importlib.util
 import json
 import os
@@ -18,7 +18,7 @@ from mxnet_cpsgd.bench.output import scaling_table
 from mxnet_cpsgd.bench.scaling import (group_by_workers, keep_algorithms, one_rate_of,
                                       plot_title, plotted_points, summary_table)
 
-PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "perf")
+PERF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports", "perf")
 TWICE = {2: ["dilated-scale-n2-a-results.json", "dilated-scale-n2-b-results.json"],
          4: ["dilated-scale-n4-a-results.json", "dilated-scale-n4-b-results.json"]}
 ONCE = {8: "dilated-scale-n8-cut-results.json"}
@@ -453,7 +453,7 @@ def _trace_event(name, pid, start_ms, dur_ms, scale):
 
 
 def test_exchange_window_script_reads_pushes_and_pulls_of_a_trace(tmp_path):
-    """docs/perf/exchange_window.py against the same figures computed here from a
+    """reports/perf/exchange_window.py against the same figures computed here from a
     synthetic two-worker trace (three compressed keys per iteration, two iterations)."""
     scale = 10.0
     rng = np.random.RandomState(3)

@@ -55,7 +55,9 @@ RUNS = [
     # every parameter dense at its own phase: each step mixes dense and compressed keys
     _cp("cp-topk-staggered", "topk", ratio=0.1, correction_schedule="staggered"),
     _cp("cp-powersgd", "powersgd", rank=2, warmup_steps=1, correction_period=4),
-    _cp("cp-powersgd-fold", "powersgd", rank=2, correction_residual="fold"),
+    # the authors' local momentum 0 (the others: the Trainer's, the default)
+    _cp("cp-powersgd-fold", "powersgd", rank=2, correction_residual="fold",
+        local_momentum=0.0),
     _cp("cp-acpsgd", "acpsgd", rank=2, local_momentum=0.5),
     _cp("cp-fp16", "fp16", warmup_steps=1, correction_period=4),
     # the uncompressed limits: every one is dense CP
@@ -138,9 +140,12 @@ def _replay(run, ranks, compressor=None, knobs=None):
     knobs = dict(run["knobs"] if knobs is None else knobs)
     lr = OPTIMIZER["learning_rate"]
     sgd = SGD(lr, OPTIMIZER["momentum"], OPTIMIZER["wd"], rescale=1.0 / BATCH)
-    # Opt_l defaults of cpsgd: sgd, lr M x the Trainer's, momentum 0, wd 0
-    local = [SGD(WORKERS * lr, knobs.get("local_momentum", 0.0), 0.0, rescale=1.0 / BATCH)
-             for _ in range(WORKERS)]
+    # Opt_l defaults of cpsgd: sgd, lr M x the Trainer's, wd 0, the Trainer's momentum
+    # (0 when the workers run momentum)
+    default_momentum = 0.0 if knobs.get("momentum_path") == "worker" \
+        else OPTIMIZER["momentum"]
+    local = [SGD(WORKERS * lr, knobs.get("local_momentum", default_momentum), 0.0,
+                 rescale=1.0 / BATCH) for _ in range(WORKERS)]
     compressor = compressor or run["kvstore"][len("cpsgd_"):]
     return ref.simulate_cp(compressor, knobs, _arrays(ranks[0], "w:", 0), grads, keys,
                            sgd, local, WORKERS)

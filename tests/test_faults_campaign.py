@@ -1,5 +1,5 @@
 """The short version of the fault campaign (python -m mxnet_cpsgd.bench.faults;
-docs/perf/faults-campaign-results.md has the full one).
+reports/perf/faults-campaign-results.md has the full one).
 
 A real 2-worker ssgd job (LeNet-5, mnist-5k, 1 server, this machine) under
 cpsgd-launch --max-restarts, checkpoints every 10 iterations, gets three faults

@@ -1,4 +1,4 @@
-"""The package layout: no module imports "upwards" (README, Architecture), and no
+"""The package layout: no module imports "upwards" (docs/architecture.md), and no
 module is over 500 lines nor any function over 100.
 
 Layers, lowest first (a module may import its own layer and the ones it lists):

@@ -373,6 +373,9 @@ CPSGD_CASES = {
     # name: (optimizer, heads, iterations, knobs, servers, env)
     "plain-1server": (PLAIN, SMALL_MLP, 30, CPSGD_KNOBS, 1, None),
     "momentum-1server": (MOMENTUM, SMALL_MLP, 30, CPSGD_KNOBS, 1, None),
+    # the authors' local momentum 0 beside the default (the Trainer's momentum)
+    "momentum-1server-authors": (MOMENTUM, SMALL_MLP, 30,
+                                 dict(CPSGD_KNOBS, local_momentum=0.0), 1, None),
     "plain-2servers-chunked": (PLAIN, CHUNKY_MLP, 30, CPSGD_KNOBS, 2,
                                {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}),
     # t = 0, 1 warm-up; 2 dense ((t + 1) % 3 == 0); 3, 4 compressed; 5 dense; 6 compressed

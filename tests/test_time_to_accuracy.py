@@ -148,3 +148,39 @@ def test_report_draws_the_time_to_accuracy_figure(tmp_path):
     md = report.generate(root, plots=True).markdown
     assert "](time-to-accuracy.png)" in md
     assert os.path.getsize(os.path.join(root, "time-to-accuracy.png")) > 1000
+
+
+def test_resumed_run_counts_its_steps_before_the_resume(tmp_path):
+    """After a resume an epoch's ``iterations`` counts only the steps since; the
+    cumulative count is its ``total_iterations``, so a run resumed inside epoch 2
+    (60 of its 100 steps before the resume) reaches the target at 300, not 240."""
+    from mxnet_cpsgd.repro.paired import iteration_series
+    root = str(tmp_path / "out")
+    curve = [0.80, 0.86, 0.95]
+    _write(root, "SSGD", 1, curve)
+    d = os.path.join(root, "runs", "m2", "SSGD-M2-loopback-s1")
+    for name in ("log.json", "log.rank1.json"):
+        with open(os.path.join(d, name), "w") as f:
+            for e, (acc, iters) in enumerate(zip(curve, [100, 100, 40])):
+                f.write(json.dumps({"epoch": e, "rank": 0, "num_workers": 2, "val_acc": acc,
+                                    "iterations": iters,
+                                    "total_iterations": (e + 1) * ITERS}) + "\n")
+    groups = report.group_runs([report.summarize_run(r) for r in report.load_runs(root)])
+    (series,) = iteration_series(groups[0])
+    assert [it for it, _ in series] == [100.0, 200.0, 300.0]
+    assert iterations_to_target(series, 0.9) == 300
+
+
+def test_resumed_two_bit_run_says_its_residual_restarted():
+    """The run list's note says MXNet's 2-bit residual restarted for a resumed run
+    of a store that pushes through it, and only then; the list of such stores is
+    the stores' own (their default compression type)."""
+    from mxnet_cpsgd.repro.run_tables import TWO_BIT_STORES, sittings_note
+    from mxnet_cpsgd.stores.catalog import stores
+    assert sorted(TWO_BIT_STORES) == sorted(
+        name for name, (_, knobs) in stores().items() if knobs.get("type") == "2bit")
+    resumed = {"sittings": [{}, {"resumed_from_iteration": 400}]}
+    assert "residual restarted" in sittings_note(dict(resumed, algorithm="cpsgd"))
+    assert "residual restarted" not in sittings_note(dict(resumed, algorithm="ssgd"))
+    assert "resumed at iteration 400" in sittings_note(dict(resumed, algorithm="ssgd"))
+    assert sittings_note({"algorithm": "cpsgd", "sittings": [{}]}) == ""

@@ -179,7 +179,7 @@ def rerender(path: str, out_dir: Optional[str]) -> int:
     with open(path) as f:
         result = json.load(f)
     if "runs" not in result:
-        # e.g. the results.json kept in docs/perf/, reduced to what --plot-workers reads
+        # e.g. the results.json kept in reports/perf/, reduced to what --plot-workers reads
         print("cpsgd-bench: error: %s has no 'runs' (the jobs' own records) to recompute "
               "from; --plot-workers can still read it" % path, file=sys.stderr)
         return 2

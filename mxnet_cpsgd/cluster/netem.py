@@ -11,7 +11,7 @@ one FIFO (tbf's, 400 ms deep); ``'fair'`` shares the rate between TCP flows, as 
 fq_codel does: an HTB class at the rate with :data:`FAIR_BUCKETS` leaves (deficit round
 robin, packets hashed to a leaf by destination port; this kernel has neither fq_codel nor
 sfq).  With one FIFO a burst of one flow holds back the others on its link, which changes
-what the parameter-server stores measure (docs/perf/colocated-2-4-workers.md).
+what the parameter-server stores measure (reports/perf/colocated-2-4-workers.md).
 
 Nodes get addresses 198.18.0.10, .11, ... from 198.18.0.0/15 (reserved for
 benchmarks).  The bridge gets no address: nodes talk at layer 2 only, so the root
@@ -137,7 +137,7 @@ def _tbf_args(rate_bps: float, rate: str) -> List[str]:
     The queue is deep on purpose: with 50 ms, the parameter server's fan-out
     (one sender, several TCP streams) overflowed it and lost 30-150 packets per
     iteration at 50mbit; the retransmissions then showed up in the byte counts.
-    400 ms removed every drop in that measurement (docs/perf/colocated-2-4-workers.md)."""
+    400 ms removed every drop in that measurement (reports/perf/colocated-2-4-workers.md)."""
     burst, limit = _queue_sizes(rate_bps)
     return ["tbf", "rate", rate, "burst", str(burst), "limit", str(limit)]
 

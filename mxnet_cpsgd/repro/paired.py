@@ -236,12 +236,19 @@ def chosen_differences(groups: Sequence[Group],
 
 
 def iteration_series(group: Group, name: str = "val_acc"):
-    """Per seed, ``[(cumulative iterations at the epoch's end, value)]``."""
+    """Per seed, ``[(cumulative iterations at the epoch's end, value)]``.
+
+    The count is the epoch's ``total_iterations`` where the log has it: after a
+    resume, an epoch's ``iterations`` counts only the steps taken since, so their
+    sum would leave out the steps before it.  Logs without it are summed."""
     out = []
     for s in group.runs:
         total, pts = 0.0, []
         for p in s.series:
-            total += p.get("iterations") or 0.0
+            if p.get("total_iterations") is not None:
+                total = float(p["total_iterations"])
+            else:
+                total += p.get("iterations") or 0.0
             if p.get(name) is not None:
                 pts.append((total, float(p[name])))
         out.append(pts)

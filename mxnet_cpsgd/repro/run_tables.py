@@ -76,15 +76,25 @@ def sittings_code_text(meta: Dict[str, object]) -> str:
     return " + ".join(texts)
 
 
+#: stores that push through MXNet's 2-bit compression, whose residual lives inside
+#: MXNet and is not saved: a resumed run of these starts it again from zero
+#: (tests/test_report.py checks this list against the stores' own definitions)
+TWO_BIT_STORES = ("bitsgd", "cpsgd")
+
+
 def sittings_note(meta: Dict[str, object]) -> str:
     """``"3 sittings, resumed at iterations 400, 820"`` for a run that went on
-    from checkpoints; empty for a run of one sitting."""
+    from checkpoints, with a note when MXNet's 2-bit residual restarted at zero
+    on resuming; empty for a run of one sitting."""
     sittings = meta.get("sittings") or []
     if len(sittings) < 2:
         return ""
-    return "%d sittings, resumed at iteration%s %s" % (
+    note = "%d sittings, resumed at iteration%s %s" % (
         len(sittings), "s" if len(sittings) > 2 else "",
         ", ".join(str(s.get("resumed_from_iteration")) for s in sittings[1:]))
+    if str(meta.get("algorithm", "")).lower() in TWO_BIT_STORES:
+        note += " (MXNet's 2-bit residual restarted at zero there: it is not saved)"
+    return note
 
 
 def wall_text(meta: Dict[str, object]) -> str:

@@ -36,7 +36,7 @@ def _isnan(v) -> bool:
 
 
 EPOCH_FIELDS = ("train_acc", "train_loss", "val_acc", "val_loss", "epoch_time",
-                "comm_time", "samples_per_sec", "iterations")
+                "comm_time", "samples_per_sec", "iterations", "total_iterations")
 
 
 def epoch_series(run: Run) -> List[Dict[str, object]]:

@@ -146,7 +146,8 @@ KNOBS = {
                  "learning rate of the local optimizer at the start; it follows the Trainer's "
                  "schedule (default: num_workers x the Trainer's lr; localsgd: the Trainer's)"),
     "local_momentum": (_unit_float,
-                       "momentum of the local optimizer (default 0; localsgd: the Trainer's)"),
+                       "momentum of the local optimizer (default: cpsgd and localsgd the Trainer's, "
+                       "0 with momentum_path='worker'; odsgd, ssdsgd 0, the authors' value)"),
     "glu_weight": (_closed_unit_float,
                    "SSD-SGD GLU: weight of the snapshot term lr * glu_weight * (w_s - w)"),
     "local_optimizer": (_optimizer_name,
@@ -198,8 +199,10 @@ class AlgorithmConfig:
         local_lr: learning rate of the local optimizer at the start; it keeps its
             ratio to the Trainer's learning rate along the Trainer's schedule
             (default: ``num_workers`` x the Trainer's; ``localsgd``: the Trainer's).
-        local_momentum: momentum of the local optimizer (default 0; ``localsgd``:
-            the Trainer's).
+        local_momentum: momentum of the local optimizer (default: ``cpsgd``,
+            ``cpsgd_<compressor>`` and ``localsgd`` the Trainer's, 0 with
+            ``momentum_path='worker'``; ``odsgd``, ``ssdsgd`` 0, the authors' value;
+            ``local_momentum=0`` is the authors' CD-SGD setting).
         glu_weight: SSD-SGD's GLU coefficient of the snapshot term.
         type: compression type, only ``'2bit'``.
         local_optimizer: MXNet optimizer name of the local optimizer (default

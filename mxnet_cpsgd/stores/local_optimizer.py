@@ -14,7 +14,8 @@ name and settings (local lr, momentum, weight decay), with the same
   iteration count of the store (``t + 1`` for iteration ``t``, the update count
   the servers use for round ``t``), so the local schedule never lags the
   global one (a scheduler of its own would count local updates only);
-* momentum and weight decay: as given (the policies pass the defaults).
+* momentum and weight decay: as given (the policies pass the defaults;
+  ``cpsgd``'s momentum defaults to the Trainer's).
 
 ``localsgd`` (not one of the authors' algorithms) keeps a copy of the Trainer's
 optimizer (same type, momentum, weight decay) with the gradient scaled by
@@ -35,6 +36,10 @@ import numpy as np
 from .config import ConfigError
 
 
+#: ``momentum`` value meaning "the Trainer's optimizer's momentum (0 if it has none)"
+TRAINER_MOMENTUM = "trainer"
+
+
 class LocalOptimizer:
     """A worker-side optimizer with its own state.
 
@@ -47,7 +52,8 @@ class LocalOptimizer:
         local_lr: Opt_l's learning rate at the start (sets the ratio to the
             Trainer's learning rate).
         momentum: Opt_l's momentum (``None``: the optimizer's own default, or
-            the Trainer's for a copy).
+            the Trainer's for a copy; :data:`TRAINER_MOMENTUM`: the Trainer's
+            optimizer's momentum, 0 if it has none).
         wd: Opt_l's weight decay (``None``: the Trainer's).
         default_ratio: local lr / global lr when ``local_lr`` is not set.
         grad_scale: extra factor on the Trainer's ``rescale_grad``.
@@ -83,6 +89,10 @@ class LocalOptimizer:
             local.wd = float(wd)
         elif name is not None:
             local.wd = optimizer.wd
+        if momentum == TRAINER_MOMENTUM:
+            momentum = float(getattr(optimizer, "momentum", 0.0) or 0.0)
+            if not hasattr(local, "momentum"):
+                momentum = None  # a local optimizer without momentum inherits none
         if momentum is not None:
             if not hasattr(local, "momentum"):
                 if momentum != 0:

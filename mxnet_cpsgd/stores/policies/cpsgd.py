@@ -15,7 +15,13 @@ the authors' rule (every phase 0).
 
 ``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
+
+The local optimizer's momentum defaults to the Trainer's (``local_momentum``
+unset): the setting the fourth reproduction found as accurate as S-SGD, where
+the authors' momentum 0 (``local_momentum=0``) ended below it.  With momentum on
+the workers the local step already reads u, so its own momentum stays 0.
 """
+from ..local_optimizer import TRAINER_MOMENTUM
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
 _CORRECTION = StepPlan(Push.DENSE, Pull.BACKGROUND, Local.FROM_GLOBAL)
@@ -47,11 +53,13 @@ def staggered_phases(sizes, period):
 
 class CPSGD(Policy):
     name = "cpsgd"
-    # local optimizer: CD-SGD's fit.py passes no local settings, so its local optimizer
-    # is a stock 'sgd' (momentum 0, wd 0; python/mxnet/module/base_module.py line 417)
+    # local optimizer: a stock 'sgd' with wd 0, as in CD-SGD's fit.py (which passes no
+    # local settings: python/mxnet/module/base_module.py line 417), except its momentum:
+    # unset means the Trainer's (the authors' 0 measured below S-SGD; local_momentum=0
+    # restores it)
     defaults = {"type": "2bit", "threshold": 0.5, "correction_period": 5,
                 "correction_schedule": "aligned",
-                "warmup_steps": 1000, "local_lr": None, "local_momentum": 0.0,
+                "warmup_steps": 1000, "local_lr": None, "local_momentum": None,
                 "local_optimizer": "sgd", "local_wd": 0.0, "momentum_path": "server",
                 "local_input": None}
     uses_compression = True
@@ -64,6 +72,15 @@ class CPSGD(Policy):
     def set_keys(self, sizes):
         if self.config.correction_schedule == "staggered":
             self._phases = staggered_phases(sizes, self.config.correction_period)
+
+    def local_settings(self, num_workers):
+        settings = super().local_settings(num_workers)
+        if settings["momentum"] is None:
+            # unset: the Trainer's momentum, unless the workers' momentum u is what the
+            # local step reads already
+            settings["momentum"] = (0.0 if self.config.momentum_path == "worker"
+                                    else TRAINER_MOMENTUM)
+        return settings
 
     def plan(self, step, key):
         if self.in_warmup(step):
