@@ -159,9 +159,9 @@ def assert_nothing_left(hosts, mark):
     """No process of the job anywhere, and no process but its sshd in any
     emulated machine.  The job's processes get 10 s.  An sshd session
     process gets up to emulated.SSHD_SESSION_BOUND_S more: one whose client
-    vanished with its link (the launcher's ssh client killed while the link
-    was down) ends when the host's sshd stops hearing from it, not when the
-    link comes back (TCP's retransmissions may wait minutes by then)."""
+    was killed while the host's link was down ends at TCP's next
+    retransmission after the link is back (its backoff grew while the link
+    was down: about 10 s measured) or by sshd's keep-alive, whichever first."""
     start = time.monotonic()
     while True:
         left = {h.address: hosts.processes(h) for h in hosts.machines}
