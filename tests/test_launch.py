@@ -265,7 +265,7 @@ def test_host_file_slots_bound_the_workers(tmp_path, capsys, launcher):
     contacted (the addresses are unroutable documentation ones), and the
     workers go round-robin over the slots, within each host's count."""
     from collections import Counter
-    from mxnet_cpsgd.cluster import engines, ssh
+    from mxnet_cpsgd.cluster import engines, mpi, ssh
     from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes
     hostfile = tmp_path / "hosts"
     hostfile.write_text("192.0.2.1 slots=1  # one core\n192.0.2.2 slots=2\n192.0.2.3\n")
@@ -280,8 +280,12 @@ def test_host_file_slots_bound_the_workers(tmp_path, capsys, launcher):
     hosts = ssh.parse_hostfile(str(hostfile))
     assert [h.slots for h in hosts] == [1, 2, None]
     for servers in (1, 3):
-        nodes = build_host_nodes(["true"], 4, servers, {}, 9000, ssh.Cluster(hosts), "192.0.2.9",
-                                 "id", heartbeat=10)
+        if launcher == "ssh":
+            nodes = build_host_nodes(["true"], 4, servers, {}, 9000, ssh.Cluster(hosts),
+                                     "192.0.2.9", "id", heartbeat=10)
+        else:
+            nodes = mpi.build_nodes(["true"], 4, servers, {}, 9000, mpi.MpiCluster(hosts),
+                                    "192.0.2.9", "id", heartbeat=10)
         placed = Counter(n.host.name for n in nodes if n.role == "worker")
         assert placed == {"192.0.2.1": 1, "192.0.2.2": 2, "192.0.2.3": 1}, (servers, placed)
     engines.check_capacity(ssh.Cluster(hosts, oversubscribe=True), 5)
