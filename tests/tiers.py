@@ -43,7 +43,7 @@ FAST = {
     "test_key_layout.py": ["*"],
     "test_knob_table.py": ["*"],
     "test_launch.py": ["test_run_job_rejects_bad_input", "test_parse_env_*",
-                       "test_cli_rejects_bad_input"],
+                       "test_cli_rejects_bad_input", "test_host_file_slots_bound_the_workers"],
     "test_layout.py": ["*"],
     "test_netem.py": ["test_parse_spec*", "test_queue_rejects", "test_dilate_spec",
                       "test_time_scale_rejects"],
