@@ -218,6 +218,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
               stall_timeout, max_restarts, host_wait)
+    if cluster is not None:  # workers within the tasks or slots, before anything starts
+        engines.check_capacity(cluster, num_workers)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
     if spec is not None and cluster is not None:
         raise LaunchError("network emulation and a host file exclude each other")
@@ -419,7 +421,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          emulate_network=emulate_network, log_dir=args.log_dir,
                          stream=sys.stdout, port=args.port, cluster=cluster,
                          stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
-                         allreduce=args.allreduce, host_wait=args.host_wait)
+                         allreduce=args.allreduce, host_wait=args.host_wait,
+                         placement=args.placement)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "is dilated: slow the workers' compute down by D yourself "
                              "(e.g. an emulated compute time x D) and divide the times you "
                              "measure by D (cpsgd-bench --time-scale does all of this)")
+    parser.add_argument("--placement", choices=("separate", "colocated"), default="separate",
+                        help="with --emulate-network: every node on its own host, or one "
+                             "host per worker running it and one server (default separate)")
     parser.add_argument("--log-dir", default=None,
                         help="also write one log file per node here (default: none, "
                              "output only printed)")

@@ -14,6 +14,8 @@ REPRODUCE_META = "reproduce.json"
 #: earlier failed attempts of a run: <run>/attempts/<n>/ (not runs themselves)
 ATTEMPTS_DIR = "attempts"
 LOG_RE = re.compile(r"^log(?:\.rank(\d+))?\.json$")
+#: the validation logs of --val-every-iters / --emulate-compute (training/timed_training.py)
+VAL_LOG_RE = re.compile(r"^log-val(?:\.rank(\d+))?\.json$")
 
 
 # ----------------------------------------------------------------------------

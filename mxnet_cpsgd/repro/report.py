@@ -45,6 +45,7 @@ from .plots import plot_k_sensitivity
 from .paired import PairedDiff, chosen_differences, paired_differences
 from .report_figures import accuracy_figures
 from .time_to_accuracy import time_to_accuracy_section
+from .measured_tta import measured_section
 from . import bench_report
 from .run_tables import experiments_section, in_progress, runs_section
 # importable from here as before they moved to run_tables.py
@@ -135,6 +136,8 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     if meta.get("time_to_accuracy"):
         md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
                                        out_dir if plots else None)
+    if meta.get("measured_time_to_accuracy"):
+        md += measured_section(runs, meta["measured_time_to_accuracy"], bench_exps)
     if plots:
         figures += accuracy_figures(meta, acc_groups, out_dir, md)
 

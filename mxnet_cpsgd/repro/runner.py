@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
-from . import bench_runs, logs, markdown, sittings, summary
+from . import bench_runs, emulated_hosts, logs, markdown, sittings, summary
 from . import report as report_mod
 from .spec import (CHECKPOINTS_DIR, RunPlan, SpecError, _merge_args, args_to_argv, expand,
                    expand_bench_plans, load_spec, select, select_bench)
@@ -75,7 +75,8 @@ def _clear_logs(run_dir: str) -> None:
     """Remove a previous attempt's files; a failed attempt's files are kept under
     ``attempts/<n>/`` (the report lists them)."""
     names = [n for n in os.listdir(run_dir)
-             if logs.LOG_RE.match(n) or n in (logs.RUN_META, "output.log")]
+             if logs.LOG_RE.match(n) or logs.VAL_LOG_RE.match(n)
+             or n in (logs.RUN_META, "output.log")]
     failed = False
     meta_path = os.path.join(run_dir, logs.RUN_META)
     if os.path.isfile(meta_path):
@@ -107,7 +108,8 @@ def run_meta(plan: RunPlan, **extra) -> Dict[str, object]:
     meta = {"run_id": plan.run_id, "order": plan.order, "experiment": plan.experiment,
             "label": plan.label, "algorithm": plan.algorithm,
             "num_workers": plan.num_workers, "num_servers": plan.num_servers,
-            "rate": plan.rate, "seed": plan.seed, "knobs": plan.knobs,
+            "rate": plan.rate, "placement": plan.placement, "seed": plan.seed,
+            "knobs": plan.knobs,
             "args": plan.args, "env": plan.env, "fingerprint": plan.fingerprint(),
             "command_text": plan.command_text(), "launch_text": plan.launch_text(),
             "expected_epochs": plan.expected_epochs()}
@@ -218,8 +220,10 @@ def execute(plan: RunPlan, out: str, python: str, if_no_emulation: str = "fail",
             result = launch.run_job(plan.argv(python, run_dir, resume=bool(resume_from)),
                                     plan.num_workers,
                                     plan.num_servers, env=plan.env, timeout=plan.timeout,
-                                    job_timeout=plan.job_timeout, emulate_network=rate,
-                                    stream=stream, allreduce=plan.allreduce)
+                                    job_timeout=plan.job_timeout,
+                                    emulate_network=emulated_hosts.job_network(rate, plan.args),
+                                    stream=stream, allreduce=plan.allreduce,
+                                    placement=plan.placement)
             returncode, failure = result.returncode, result.failure
         except Exception as err:  # launcher refused (bad input, emulation broke)
             returncode, failure = None, "%s: %s" % (type(err).__name__, err)
@@ -299,6 +303,7 @@ def write_reproduce_meta(out: str, spec: Dict[str, object], spec_path: Optional[
             "equivalence_margin": spec.get("equivalence_margin"),
             "equivalence_min_seeds": spec.get("equivalence_min_seeds"),
             "time_to_accuracy": spec.get("time_to_accuracy"),
+            "measured_time_to_accuracy": spec.get("measured_time_to_accuracy"),
             "runs": [p.run_id for p in plans]}
     os.makedirs(out, exist_ok=True)
     logs.write_json(os.path.join(out, logs.REPRODUCE_META), meta)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..stores.config import KNOBS as STORE_KNOBS
-from . import bench_runs
+from . import bench_runs, emulated_hosts, measured_tta
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: keys of a run entry that are not knobs of the algorithm
@@ -21,12 +21,13 @@ RUN_KEYS = ("label", "algorithm", "args", "grid", "workers", "rates", "seeds", "
 #: top-level / experiment keys
 EXPERIMENT_KEYS = ("name", "purpose", "script", "args", "env", "workers", "rates", "seeds", "runs",
                    "labels", "num_servers", "job_timeout", "timeout", "description",
-                   "checkpoint_every", "equivalence_min_seeds",
+                   "checkpoint_every", "equivalence_min_seeds", "placement",
                    # kind: bench (mxnet_cpsgd/repro/bench_runs.py)
                    "kind", "bench_args", "sweep", "reference", "compare")
 SPEC_KEYS = EXPERIMENT_KEYS + ("title", "experiments", "notes", "reference_te_tc",
                                "report_name", "figures", "comparisons",
-                               "equivalence_margin", "time_to_accuracy")
+                               "equivalence_margin", "time_to_accuracy",
+                               "measured_time_to_accuracy")
 #: what a figure of the spec's ``figures`` list draws (mxnet_cpsgd/repro/report.py)
 FIGURE_KINDS = ("curves", "paired")
 #: flags reproduce sets itself for every run
@@ -96,6 +97,9 @@ def validate_spec(spec: Dict[str, object]) -> None:
             raise SpecError("experiment %r: purpose must be both, accuracy or timing" % name)
         if name in names:
             raise SpecError("experiment name %r used twice" % name)
+        problem = emulated_hosts.check_placement(exp.get("placement", spec.get("placement")))
+        if problem:
+            raise SpecError("experiment %r: %s" % (name, problem))
         every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
         if every is not None and (isinstance(every, bool) or not isinstance(every, int)
                                   or every < 1):
@@ -117,6 +121,9 @@ def validate_spec(spec: Dict[str, object]) -> None:
     validate_figures(spec.get("figures"), names)
     validate_comparisons(spec.get("comparisons"), names)
     validate_time_to_accuracy(spec.get("time_to_accuracy"))
+    problem = measured_tta.check_settings(spec.get("measured_time_to_accuracy"))
+    if problem:
+        raise SpecError(problem)
     margin = spec.get("equivalence_margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))
                                or not margin > 0):
@@ -133,42 +140,12 @@ def validate_spec(spec: Dict[str, object]) -> None:
                                 if where is not spec else ""))
 
 
-def _positive(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
-
-
 def validate_time_to_accuracy(settings) -> None:
-    """``time_to_accuracy``: ``drops`` (positive points), ``ms_per_iteration``
-    ({experiment: {label: positive ms}}), ``source`` (text), ``experiments`` (names) and
-    ``same_iterations`` ({name: run label}), each optional."""
-    if settings is None:
-        return
-    if not isinstance(settings, dict):
-        raise SpecError("'time_to_accuracy' must be a mapping")
-    known = ("drops", "ms_per_iteration", "source", "experiments", "same_iterations")
-    unknown = sorted(set(settings) - set(known))
-    if unknown:
-        raise SpecError("time_to_accuracy: unknown key(s) %s (known: %s)"
-                        % (", ".join(unknown), ", ".join(known)))
-    exps = settings.get("experiments", [])
-    if not isinstance(exps, list) or not all(isinstance(e, str) for e in exps):
-        raise SpecError("time_to_accuracy: 'experiments' must be a list of experiment "
-                        "names, got %r" % (exps,))
-    same = settings.get("same_iterations") or {}
-    if not isinstance(same, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in same.items()):
-        raise SpecError("time_to_accuracy: 'same_iterations' must map a name to the run "
-                        "label whose iterations it takes, got %r" % (same,))
-    drops = settings.get("drops", [0.5])
-    if not isinstance(drops, list) or not drops or not all(_positive(d) for d in drops):
-        raise SpecError("time_to_accuracy: 'drops' must be a list of positive points, "
-                        "got %r" % (drops,))
-    ms = settings.get("ms_per_iteration") or {}
-    if not isinstance(ms, dict) or not all(
-            isinstance(v, dict) and all(_positive(x) for x in v.values())
-            for v in ms.values()):
-        raise SpecError("time_to_accuracy: 'ms_per_iteration' must map experiment -> "
-                        "{label: positive ms}, got %r" % (ms,))
+    """``time_to_accuracy``: see :func:`.time_to_accuracy.check_settings`."""
+    from .time_to_accuracy import check_settings
+    problem = check_settings(settings)
+    if problem:
+        raise SpecError(problem)
 
 
 def validate_comparisons(comparisons, experiment_names) -> None:
@@ -303,6 +280,7 @@ class RunPlan:
     knobs: Dict[str, object] = field(default_factory=dict)
     #: iterations between checkpoints; set, the run resumes after an interruption
     checkpoint_every: Optional[int] = None
+    placement: str = "separate"  # see emulated_hosts
 
     @property
     def run_id(self) -> str:
@@ -352,23 +330,26 @@ class RunPlan:
         return self.algorithm in HOROVOD_STORES
 
     def launch_text(self) -> str:
-        if self.allreduce and not self.rate:
+        if self.allreduce and not self.rate and self.placement == "separate":
             env = " ".join("-x %s=%s" % kv for kv in sorted(self.env.items()))
             return "horovodrun -np %d -H localhost:%d --gloo%s %s" % (
                 self.num_workers, self.num_workers, (" " + env) if env else "",
                 self.command_text())
-        net = " --emulate-network %s" % self.rate if self.rate else ""
+        net = emulated_hosts.launcher_flags(self.rate, self.args, self.placement)
         env = " ".join("%s=%s" % kv for kv in sorted(self.env.items()))
-        return "python -m mxnet_cpsgd.launch -n %d -s %d%s%s -- %s" % (
-            self.num_workers, self.num_servers, net, (" --env " + env) if env else "",
-            self.command_text())
+        nodes = ("--allreduce -n %d" % self.num_workers if self.allreduce
+                 else "-n %d -s %d" % (self.num_workers, self.num_servers))
+        return "python -m mxnet_cpsgd.launch %s%s%s -- %s" % (
+            nodes, net, (" --env " + env) if env else "", self.command_text())
 
     def fingerprint(self) -> str:
         """Identifies what the run computes (not where its logs go)."""
         blob = json.dumps({"script": self.script, "algorithm": self.algorithm,
                            "seed": self.seed, "args": self.args, "env": self.env,
                            "workers": self.num_workers, "servers": self.num_servers,
-                           "rate": self.rate}, sort_keys=True)
+                           "rate": self.rate, **({"placement": self.placement}
+                                                 if self.placement != "separate" else {})},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -411,7 +392,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
         seeds = _as_list(exp.get("seeds", spec.get("seeds")), [42])
         rates = _as_list(exp.get("rates", spec.get("rates")), [None])
         workers = _as_list(exp.get("workers", spec.get("workers")), [2])
-        servers = int(exp.get("num_servers", spec.get("num_servers", 1)))
+        servers = exp.get("num_servers", spec.get("num_servers"))
+        placement = exp.get("placement", spec.get("placement", "separate"))
         job_timeout = exp.get("job_timeout", spec.get("job_timeout"))
         timeout = float(exp.get("timeout", spec.get("timeout", 60)))
         checkpoint_every = exp.get("checkpoint_every", spec.get("checkpoint_every"))
@@ -450,7 +432,8 @@ def expand(spec: Dict[str, object]) -> List[RunPlan]:
                         plans.append(RunPlan(
                             order=len(plans), experiment=name, label=label,
                             algorithm=str(run["algorithm"]), num_workers=int(m),
-                            num_servers=servers, rate=rate, seed=int(seed), args=args,
+                            num_servers=emulated_hosts.num_servers(placement, servers, int(m)),
+                            rate=rate, seed=int(seed), args=args, placement=placement,
                             env=run_env, script=script,
                             job_timeout=float(job_timeout) if job_timeout else None,
                             timeout=timeout, knobs=plan_knobs,

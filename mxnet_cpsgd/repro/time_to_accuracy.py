@@ -190,3 +190,43 @@ def time_to_accuracy_section(groups: Sequence[Group], settings: Dict[str, object
                               "Time to S-SGD's final accuracy minus %g point" % drop)
         md += ["![time to accuracy, combined](%s)" % FIGURE, ""]
     return md
+
+
+def _positive(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def check_settings(settings) -> Optional[str]:
+    """What is wrong with a spec's ``time_to_accuracy`` (None: nothing): ``drops``
+    (positive points), ``ms_per_iteration`` ({experiment: {label: positive ms}}),
+    ``source`` (text), ``experiments`` (names) and ``same_iterations`` ({name: run
+    label}), each optional."""
+    if settings is None:
+        return None
+    if not isinstance(settings, dict):
+        return "'time_to_accuracy' must be a mapping"
+    known = ("drops", "ms_per_iteration", "source", "experiments", "same_iterations")
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        return ("time_to_accuracy: unknown key(s) %s (known: %s)"
+                % (", ".join(unknown), ", ".join(known)))
+    exps = settings.get("experiments", [])
+    if not isinstance(exps, list) or not all(isinstance(e, str) for e in exps):
+        return ("time_to_accuracy: 'experiments' must be a list of experiment "
+                "names, got %r" % (exps,))
+    same = settings.get("same_iterations") or {}
+    if not isinstance(same, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in same.items()):
+        return ("time_to_accuracy: 'same_iterations' must map a name to the run "
+                "label whose iterations it takes, got %r" % (same,))
+    drops = settings.get("drops", [0.5])
+    if not isinstance(drops, list) or not drops or not all(_positive(d) for d in drops):
+        return ("time_to_accuracy: 'drops' must be a list of positive points, "
+                "got %r" % (drops,))
+    ms = settings.get("ms_per_iteration") or {}
+    if not isinstance(ms, dict) or not all(
+            isinstance(v, dict) and all(_positive(x) for x in v.values())
+            for v in ms.values()):
+        return ("time_to_accuracy: 'ms_per_iteration' must map experiment -> "
+                "{label: positive ms}, got %r" % (ms,))
+    return None

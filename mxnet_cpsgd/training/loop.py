@@ -27,6 +27,7 @@ from mxnet import autograd, gluon
 from . import data as data_mod
 from .options import PROJECT_STORES, UsageError, compression_params, parse_lr_decay_epochs
 from .logs import EpochLogWriter, logger, rank_path
+from .timed_training import TimedTraining
 from .checkpoint import (TrainState, check_writable, load_checkpoint, newest_complete,
                          read_checkpoint, save_checkpoint)
 from kvstore_ext.progress import ProgressReporter
@@ -190,16 +191,19 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     trainer, state = _trainer_and_state(args, net, train_data, ctx, kv, rank, num_workers,
                                         opt_params, cparams, updates, step_bs, resume)
 
-    loop = _Loop(args, net, trainer, ctx, gluon.loss.SoftmaxCrossEntropyLoss(),
-                 [p for p in net.collect_params().values() if p.grad_req != "null"],
-                 progress, step_bs, rank, num_workers, iters_per_epoch)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
                             append=resume)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
     # a private copy for the logs: MXNet's schedulers are stateful, and with
     # update_on_kvstore the worker's optimizer copy never advances
     report_schedule = copy.deepcopy(scheduler)
     result = RunResult(state=state)
     stop = False
+    timed = TimedTraining(args, net, params, ctx, model_name, info.num_classes, info.shape,
+                          iters_per_epoch, rank, num_workers, resume=resume)
+    loop = _Loop(args, net, trainer, ctx, loss_fn, params, progress, step_bs, rank,
+                 num_workers, iters_per_epoch, timed, val_data)
 
     while state.epoch < args.num_epochs and not stop:
         epoch = state.epoch
@@ -210,7 +214,8 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             state.epoch_iteration = 0
         if done.iterations == 0:
             break
-        val_acc, val_loss, _ = evaluate(net, val_data, ctx, loop.loss_fn, progress)
+        val_acc, val_loss, _ = timed.epoch_validation(state.iteration, epoch, lambda: evaluate(
+            net, val_data, ctx, loss_fn, progress))
         record = _epoch_record(loop, epoch, done, val_acc, val_loss, state.iteration,
                                _current_lr(report_schedule, state.iteration * updates,
                                            args.lr), info.name, model_name)
@@ -266,6 +271,8 @@ class _Loop:
     rank: int
     num_workers: int
     iters_per_epoch: int
+    timed: TimedTraining  # the emulated accelerator, validation every N iterations
+    val_data: object
 
 
 @dataclass
@@ -293,6 +300,7 @@ def _train_epoch(loop: _Loop, train_data, state: TrainState) -> _EpochStats:
     done = _EpochStats(metric=mx.metric.Accuracy())
     tic = time.time()
     btic = tic
+    validating0 = loop.timed.validation_seconds
     net_tx0 = _iface_tx_bytes(args)
     for i, (data, label) in enumerate(train_data):
         if i < skip:
@@ -304,10 +312,12 @@ def _train_epoch(loop: _Loop, train_data, state: TrainState) -> _EpochStats:
             break
         datas = gluon.utils.split_and_load(data, ctx, even_split=False)
         labels = gluon.utils.split_and_load(label, ctx, even_split=False)
+        loop.timed.before_forward()
         with autograd.record():
             outputs = [net(x) for x in datas]
             losses = [loop.loss_fn(o, y) for o, y in zip(outputs, labels)]
         autograd.backward(losses)
+        loop.timed.after_backward()
         if args.comm_timing:
             for p in loop.params:
                 for g in p.list_grad():
@@ -327,6 +337,8 @@ def _train_epoch(loop: _Loop, train_data, state: TrainState) -> _EpochStats:
         state.iteration += 1
         state.epoch_iteration = i + 1
         loop.progress.report("train", state.iteration)
+        loop.timed.after_iteration(state.iteration, epoch, i + 1, lambda: evaluate(
+            net, loop.val_data, ctx, loop.loss_fn, loop.progress))
         if (args.checkpoint_every and state.iteration % args.checkpoint_every == 0
                 and i + 1 < loop.iters_per_epoch
                 and (args.max_iters is None or state.iteration < args.max_iters)):
@@ -340,7 +352,7 @@ def _train_epoch(loop: _Loop, train_data, state: TrainState) -> _EpochStats:
                         epoch, i + 1, speed, done.metric.get()[1],
                         done.loss_sum / max(done.loss_count, 1))
             btic = time.time()
-    done.time = time.time() - tic
+    done.time = time.time() - tic - (loop.timed.validation_seconds - validating0)
     net_tx = _iface_tx_bytes(args)
     if net_tx is not None and net_tx0 is not None and done.iterations:
         logger.info("[Epoch %d] %s sent %d bytes during %d training iterations: "
@@ -369,6 +381,7 @@ def _epoch_record(loop: _Loop, epoch: int, done: _EpochStats, val_acc: float,
         "lr": lr,
         "dataset": dataset, "model": model_name, "batch_size": args.batch_size,
     }
+    record.update(loop.timed.epoch_fields())
     return {k: _json_number(v) for k, v in record.items()}
 
 

@@ -103,6 +103,7 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     _add_algorithm_options(p, knob_defaults)
     _add_data_options(p, datasets, models)
     _add_optimization_options(p)
+    _add_timing_options(p)
     _add_checkpoint_and_log_options(p)
     p.set_defaults(**{k: v for k, v in defaults.items()})
     return p
@@ -211,6 +212,23 @@ def _add_optimization_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-comm-timing", dest="comm_timing", action="store_false",
                    help="do not wait for gradients and weights each iteration (lets "
                         "backward overlap with pushes; comm_time is then not measured)")
+
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("emulated accelerator and time to accuracy")
+    g.add_argument("--emulate-compute", type=float, default=None, metavar="MS",
+                   help="pad each iteration's forward + backward to MS ms, as on an "
+                        "accelerator of that speed: the real compute runs unchanged (the "
+                        "same numbers), timed waits release each layer's gradients on "
+                        "cpsgd-bench's emulated schedule (one CPU device per worker; "
+                        "default: none, no padding)")
+    g.add_argument("--time-scale", type=float, default=1.0, metavar="D",
+                   help="time dilation with --emulate-compute: the padding x D (run the "
+                        "job on links D times slower; divide times by D)")
+    g.add_argument("--val-every-iters", type=int, default=None, metavar="N",
+                   help="also validate every N iterations, logged with the training "
+                        "clock (validation time excluded) to <log-json stem>-val.json "
+                        "(default: only after each epoch)")
 
 
 def _add_checkpoint_and_log_options(p: argparse.ArgumentParser) -> None:
@@ -359,7 +377,24 @@ def validate_args(args: argparse.Namespace) -> None:
             raise UsageError("--checkpoint-every must be >= 1, got %r" % args.checkpoint_every)
         if not args.checkpoint_dir:
             raise UsageError("--checkpoint-every needs --checkpoint-dir")
+    validate_timing_args(args)
     compression_params(args)
+
+
+def validate_timing_args(args: argparse.Namespace) -> None:
+    """Check ``--emulate-compute``, ``--time-scale`` and ``--val-every-iters``."""
+    emulate = getattr(args, "emulate_compute", None)
+    if emulate is not None and not (emulate > 0 and math.isfinite(emulate)):
+        raise UsageError("--emulate-compute must be > 0 ms, got %r" % emulate)
+    scale = getattr(args, "time_scale", 1.0)
+    if scale is not None and not (scale >= 1 and math.isfinite(scale)):
+        raise UsageError("--time-scale must be >= 1, got %r" % scale)
+    if scale not in (None, 1.0) and emulate is None:
+        raise UsageError("--time-scale %g needs --emulate-compute: real compute cannot "
+                         "be dilated" % scale)
+    every = getattr(args, "val_every_iters", None)
+    if every is not None and every < 1:
+        raise UsageError("--val-every-iters must be >= 1, got %r" % every)
 
 
 def parse_args(parser: argparse.ArgumentParser,
