@@ -110,6 +110,7 @@ def _choice(*choices):
                               % (name, ", ".join(repr(c) for c in choices), value))
         return value.lower()
     check.choices = choices  # what a command line lists
+    check.ignores_case = True  # 'Staggered' is 'staggered'
     return check
 
 

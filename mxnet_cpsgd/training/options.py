@@ -118,6 +118,8 @@ def _add_algorithm_options(p: argparse.ArgumentParser,
                         "(one process, no kvstore) or MXNet's own dist_* stores")
     from ..stores.config import KNOBS
     for knob, (flag, typ) in KNOB_FLAGS.items():
+        if getattr(KNOBS[knob][0], "ignores_case", False):
+            typ = str.lower  # as the store's own check: 'Staggered' is 'staggered'
         g.add_argument(flag, dest=knob, type=typ, default=None,
                        choices=KNOB_CHOICES.get(knob),
                        help="knob %s: %s (when not given: the store's own default, "
