@@ -27,6 +27,7 @@ KNOB_FLAGS = {
     "threshold": ("--threshold", float),
     "correction_period": ("--correction-period", int),
     "correction_schedule": ("--correction-schedule", str),
+    "correction_delay": ("--correction-delay", int),
     "warmup_steps": ("--warmup-steps", int),
     "sync_period": ("--sync-period", int),
     "local_lr": ("--local-lr", float),
