@@ -397,7 +397,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
                 total = self._own_sum(key, param) if own else param.send
                 mx.nd.add_n(*[g.as_in_context(param.send.context) for g in grads],
                             out=total)
-                if total is not param.send:
+                if total is not param.send and plan.push is not Push.NONE:
                     total.copyto(param.send)
                 sources[key] = total
             elif plan.push is Push.NONE:
