@@ -44,6 +44,10 @@ Algorithms (what ``simulate`` does per iteration t):
             correction_schedule 'staggered': parameter n is dense when
             (t + 1 - phase_n) % correction_period == 0 instead, phases from
             ``staggered_phases`` (w0's order is the Trainer's).
+            correction_delay 1 (aligned only): if t - 1 >= warmup and
+            t % correction_period == 0 (the step after a correction), the local
+            step starts from the worker's own weights, L_{t+1} = Opt_l(L_t, g_t);
+            every other step from W_t as above (so step t + 1 from W_{t+1}).
   ssdsgd:   warm-up as ssgd.  After: push g dense every round; with n = t - warmup
             and k = sync_period, the base is W_t (the newest pulled global weights)
             if n % k == 0, else L_t; L_{t+1} = GLU(base, g) with
@@ -79,8 +83,8 @@ DEFAULTS = {
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
-              "correction_schedule": "aligned", "local_lr": None, "local_momentum": None,
-              "local_optimizer": "sgd",
+              "correction_schedule": "aligned", "correction_delay": 0, "local_lr": None,
+              "local_momentum": None, "local_optimizer": "sgd",
               "local_wd": 0.0, "momentum_path": "server", "local_input": None},
     "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,
                "local_lr": None, "local_momentum": 0.0, "local_optimizer": "sgd",
@@ -400,8 +404,13 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
                 traj.dense_params[t] = sorted(dense)
             else:
                 pushes = g
-            # local step from the newest global weights the worker holds: W_t
-            L = [local_opts[i].step_all(W, local_g[i]) for i in range(M)]
+            k = cfg.get("correction_period")
+            if cfg.get("correction_delay") and t - 1 >= warmup and t % k == 0:
+                # the step after a correction: from the worker's own weights
+                L = [local_opts[i].step_all(L[i], local_g[i]) for i in range(M)]
+            else:
+                # local step from the newest global weights the worker holds: W_t
+                L = [local_opts[i].step_all(W, local_g[i]) for i in range(M)]
             W = server_round(pushes)
         elif algorithm == "ssdsgd":
             n, k = t - warmup, cfg["sync_period"]

@@ -157,14 +157,21 @@ def node_pids(mark, role, host):
 
 def assert_nothing_left(hosts, mark):
     """No process of the job anywhere, and no process but its sshd in any
-    emulated machine (sshd's session processes end right after the channel
-    closes; allow them a few seconds)."""
-    deadline = time.monotonic() + 10
+    emulated machine.  The job's processes get 10 s.  An sshd session
+    process gets up to emulated.SSHD_SESSION_BOUND_S more: one whose client
+    was killed while the host's link was down ends at TCP's next
+    retransmission after the link is back (its backoff grew while the link
+    was down: about 10 s measured) or by sshd's keep-alive, whichever first."""
+    start = time.monotonic()
     while True:
         left = {h.address: hosts.processes(h) for h in hosts.machines}
         left = {a: p for a, p in left.items() if p}
         marked = marked_processes(mark)
-        if (not left and not marked) or time.monotonic() > deadline:
+        if not left and not marked:
+            break
+        only_sshd = not marked and all(hosts.is_sshd(p) for p in sum(left.values(), []))
+        bound = 10 + (emulated.SSHD_SESSION_BOUND_S if only_sshd else 0)
+        if time.monotonic() - start > bound:
             break
         time.sleep(0.2)
     described = {a: [_cmdline(p) for p in pids] for a, pids in left.items()}

@@ -79,8 +79,11 @@ def test_cpsgd_in_warmup_bitwise_equals_dist_sync(worker_job, servers):
 
 # (b) ----------------------------------------------------------------------
 def test_cpsgd_correction_every_step_equals_odsgd(worker_job):
-    # cpsgd's local weight decay defaults to 0 (CD-SGD), odsgd's to the Trainer's
-    od = jobutil.run_recording(worker_job, spec("odsgd", {"warmup_steps": 3, "local_wd": 0.0}))
+    # cpsgd's local weight decay defaults to 0 (CD-SGD), odsgd's to the Trainer's; cpsgd's
+    # local momentum defaults to the Trainer's, odsgd's to 0 (the authors')
+    od = jobutil.run_recording(worker_job, spec("odsgd", {
+        "warmup_steps": 3, "local_wd": 0.0,
+        "local_momentum": jobutil.MOMENTUM["momentum"]}))
     cp = jobutil.run_recording(worker_job, spec("cpsgd", {"warmup_steps": 3,
                                                            "correction_period": 1,
                                                            "threshold": 1.0}))

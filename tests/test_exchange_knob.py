@@ -34,7 +34,8 @@ def test_stores_without_a_compressed_exchange_do_not_accept_it():
     assert "horovod" in others and "cpsgd" in others and "bitsgd" in others
     for name in others:
         assert "exchange" not in found[name][1], name
-    for name, accepts in [("horovod", "no settings"), ("cpsgd", "correction_period"),
+    for name, accepts in [("horovod", "no settings"),
+                          ("cpsgd", "correction_delay, correction_period"),
                           ("bitsgd", "correction_period")]:
         with pytest.raises(ConfigError) as err:
             config.resolve(name, found[name][1], {"exchange": "per_key"}, {})

@@ -258,6 +258,46 @@ def test_cli_rejects_bad_input(capsys, argv, message):
     assert "cpsgd-launch: error:" in err
 
 
+@pytest.mark.parametrize("launcher", ["ssh", "mpi"])
+def test_host_file_slots_bound_the_workers(tmp_path, capsys, launcher):
+    """Lines stating slots=N take that many workers in all (a line without
+    counts as one): more are refused in one line before any host is
+    contacted (the addresses are unroutable documentation ones), and the
+    workers go round-robin over the slots, within each host's count."""
+    from collections import Counter
+    from mxnet_cpsgd.cluster import engines, mpi, ssh
+    from mxnet_cpsgd.cluster.remote_nodes import build_host_nodes
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("192.0.2.1 slots=1  # one core\n192.0.2.2 slots=2\n192.0.2.3\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--launcher", launcher, "-H", str(hostfile), "-n", "5", "--", "true"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cpsgd-launch: error: -n 5: the host file states 4 slots (1 on 192.0.2.1, 2 on " \
+           "192.0.2.2, 1 on 192.0.2.3; a line without slots= counts as 1), one per " \
+           "worker; add hosts or raise slots=N, give -n 4 or fewer, or add " \
+           "--oversubscribe; nothing was started" in err, err
+    hosts = ssh.parse_hostfile(str(hostfile))
+    assert [h.slots for h in hosts] == [1, 2, None]
+    for servers in (1, 3):
+        if launcher == "ssh":
+            nodes = build_host_nodes(["true"], 4, servers, {}, 9000, ssh.Cluster(hosts),
+                                     "192.0.2.9", "id", heartbeat=10)
+        else:
+            nodes = mpi.build_nodes(["true"], 4, servers, {}, 9000, mpi.MpiCluster(hosts),
+                                    "192.0.2.9", "id", heartbeat=10)
+        placed = Counter(n.host.name for n in nodes if n.role == "worker")
+        assert placed == {"192.0.2.1": 1, "192.0.2.2": 2, "192.0.2.3": 1}, (servers, placed)
+    engines.check_capacity(ssh.Cluster(hosts, oversubscribe=True), 5)
+    # no line states slots: no bound, placement over the lines as before
+    plain = [ssh.Host(h.name) for h in hosts]
+    engines.check_capacity(ssh.Cluster(plain), 50)
+    assert ssh.slot_hosts(plain) == plain
+    hostfile.write_text("192.0.2.1 slots=0\n")
+    with pytest.raises(ssh.HostError, match="slots=N \\(N >= 1\\)"):
+        ssh.parse_hostfile(str(hostfile))
+
+
 # A service that listens only after a second and a half, and a worker that tries
 # it once, at its start: it can only succeed if the launcher waited for the service.
 SLOW_SERVICE = r"""

@@ -1,4 +1,5 @@
-"""The package layout: no module imports "upwards" (docs/architecture.md).
+"""The package layout: no module imports "upwards" (docs/architecture.md), and no
+module is over 500 lines nor any function over 100.
 
 Layers, lowest first (a module may import its own layer and the ones it lists):
 
@@ -13,7 +14,7 @@ Layers, lowest first (a module may import its own layer and the ones it lists):
 
 Every import counts, also one inside a function (a lazy import is still a
 dependency).  ``python tests/test_layout.py`` prints the measurements: modules
-per folder, the largest modules, and any upward import.
+per folder, the largest modules, any upward import, and what is too long.
 """
 import ast
 import os
@@ -148,6 +149,54 @@ def test_checker_sees_an_upward_import(tmp_path):
                    "(bench)"], bad
 
 
+#: the developers' guide: functions under about 100 lines, modules under 500
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 100
+
+
+def too_long():
+    """Every module over MAX_MODULE_LINES lines and every function (or method)
+    over MAX_FUNCTION_LINES, with its length."""
+    found = []
+    for path in project_modules():
+        rel = os.path.relpath(path, ROOT)
+        with open(path) as f:
+            text = f.read()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            found.append("%s: %d lines" % (rel, lines))
+        for node in ast.walk(ast.parse(text, path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append("%s:%d %s(): %d lines" % (rel, node.lineno, node.name,
+                                                          length))
+    return found
+
+
+def test_no_module_or_function_is_too_long():
+    found = too_long()
+    assert not found, "split these by what they do:\n" + "\n".join(found)
+
+
+def test_length_check_sees_a_long_function_and_module(tmp_path):
+    global ROOT
+    pkg = tmp_path / "mxnet_cpsgd"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    body = "".join("    x = %d\n" % i for i in range(MAX_FUNCTION_LINES - 1))
+    (pkg / "fits.py").write_text("def f():\n" + body)
+    (pkg / "long.py").write_text("def g():\n" + body + "    return x\n"
+                                 + "\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES))
+    saved, ROOT = ROOT, str(tmp_path)
+    try:
+        found = too_long()
+    finally:
+        ROOT = saved
+    assert found == ["mxnet_cpsgd/long.py: %d lines" % (MAX_MODULE_LINES + 1),
+                     "mxnet_cpsgd/long.py:1 g(): %d lines" % (MAX_FUNCTION_LINES + 1)], found
+
+
 def _python(code, **env):
     full = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 **env)
@@ -192,6 +241,9 @@ def measure():
     bad = upward_imports()
     lines.append("upward imports: %d" % len(bad))
     lines += ["  " + b for b in bad]
+    long = too_long()
+    lines.append("too long: %d" % len(long))
+    lines += ["  " + b for b in long]
     return "\n".join(lines)
 
 

@@ -72,14 +72,15 @@ def _load(out):
     return ranks, meta
 
 
-def _run(worker_job, spec, env=None):
+def _run(worker_job, spec, env=None, num_servers=1):
     out = tempfile.mkdtemp(prefix="cpsgd-module-")
     try:
         spec = dict(spec, out=out)
         job_env = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
         job_env.update(env or {})
         result = worker_job("module_worker.py", json.dumps(spec), num_workers=M,
-                            num_servers=1, env=job_env, job_timeout=JOB_TIMEOUT_S)
+                            num_servers=num_servers, env=job_env,
+                            job_timeout=JOB_TIMEOUT_S)
         assert result.returncode == 0 and not result.failure, result.text
         assert not result.leftover, result.leftover
         return _load(out)
@@ -206,6 +207,32 @@ def test_classic_calls_are_the_pushpull_steps(worker_job, cpsgd_steps):
         assert message is not None, "%s was not refused" % case
         missing = [f for f in fragments if f not in message]
         assert not missing, "%s: %r lacks %s" % (case, message, missing)
+
+
+@pytest.mark.parametrize("mode", ["steps", "classic"])
+def test_module_with_4_servers_balances_the_keys_and_follows_reference(worker_job, mode):
+    """With 4 servers the Module API's keys (and the classic init/push/pull keys)
+    get the balanced, parameter-cutting layout of a Trainer's store, and the
+    weights still follow the numpy reference."""
+    ranks, meta = _run(worker_job, _spec("cpsgd", mode, record_layout=True), env=CPSGD_ENV,
+                       num_servers=4)
+    traj = _check_reference(ranks, meta, "cpsgd", CPSGD_KNOBS)
+    layout = meta[0]
+    assert layout["layout"] == "KeyLayout"
+    loads = layout["server_loads"]
+    sizes = {i: int(np.prod(ranks[0]["w:" + n][0].shape)) for i, n in enumerate(_names(meta))}
+    assert len(loads) == 4 and sum(loads) == sum(sizes.values())
+    assert max(loads) <= 1.05 * sum(loads) / 4.0, loads
+    # LeNet-5's first dense layer holds more than a server's share: it is cut
+    largest = max(sizes, key=sizes.get)
+    assert sizes[largest] > sum(sizes.values()) / 4.0
+    assert len(layout["servers_of"][str(largest)]) > 1, layout["servers_of"]
+    for r in range(1, M):
+        assert meta[r]["servers_of"] == layout["servers_of"]  # every worker, the same keys
+    if mode == "classic":
+        for n in _names(meta):  # a pull with no push: the servers' weights, new keys
+            np.testing.assert_allclose(ranks[0]["global:" + n], traj.server[-1][n],
+                                       rtol=1e-4, atol=1e-6, err_msg=n)
 
 
 def test_mxlaunch_stops_the_job_when_a_worker_raises(python, mark, tmp_path):

@@ -312,3 +312,46 @@ def test_sbatch_script(cluster, mark, tmp_path):
     assert "[worker 0 on %s] worker worker 0" % n1 in text, text
     assert "[worker 1 on %s] worker worker 1" % n2 in text, text
     assert_nothing_left(c, mark)
+
+
+PRINT_INDEX = "import os; print('worker', os.environ['MXNET_CPSGD_WORKER_INDEX'])"
+
+
+@needs_slurm
+def test_workers_stay_within_the_allocations_tasks(cluster, allocated, mark):
+    """More workers than the allocation holds tasks are refused in one line
+    before any step starts (as srun refuses more tasks); within them each node
+    gets at most its own count of workers (servers beside them); with
+    --oversubscribe more workers than tasks start."""
+    c = cluster(2)
+    refused = allocated(c, mark, ["-N", "2", "--ntasks=3"], ["-n", "4", "-s", "1"],
+                        [sys.executable, "-c", PRINT_INDEX])
+    assert refused.finish(120) == 2, refused.text[-4000:] + c.logs()
+    errors = [l for l in refused.lines if l and l.startswith("cpsgd-launch: error:")]
+    assert len(errors) == 1, refused.text
+    held = re.match(r"^cpsgd-launch: error: -n 4: Slurm job \d+ holds 3 tasks \((\d) on (\S+), "
+                    r"(\d) on (\S+)\), one per worker; ask Slurm for 4 \(salloc/sbatch "
+                    r"--ntasks=4, or a larger --ntasks-per-node\), give -n 3 or fewer, or add "
+                    r"--oversubscribe; nothing was started$", errors[0])
+    assert held, errors[0]
+    tasks = {held.group(2): int(held.group(1)), held.group(4): int(held.group(3))}
+    assert sorted(tasks) == sorted(c.nodes) and sorted(tasks.values()) == [1, 2]
+    assert "job started" not in refused.text
+    assert_nothing_left(c, mark)
+
+    fits = allocated(c, mark, ["-N", "2", "--ntasks=3"], ["-s", "2"],
+                     [sys.executable, "-c", PRINT_INDEX])
+    assert fits.finish(180) == 0, fits.text[-4000:] + c.logs()
+    placed = re.findall(r"^\[worker (\d) on (\S+)\] worker \1$", fits.text, re.M)
+    assert sorted(i for i, _ in placed) == ["0", "1", "2"], fits.text[-4000:]
+    assert {n: sum(1 for _, m in placed if m == n) for n in tasks} == tasks, placed
+    assert_nothing_left(c, mark)
+
+    over = allocated(c, mark, ["-N", "2", "--ntasks-per-node=1"],
+                     ["-n", "3", "-s", "1", "--oversubscribe"],
+                     [sys.executable, "-c", PRINT_INDEX])
+    assert over.finish(180) == 0, over.text[-4000:] + c.logs()
+    n1, n2 = c.nodes  # -s 1: server 0 on n1, workers from the second slot on
+    for index, node in enumerate([n2, n1, n2]):
+        assert "[worker %d on %s] worker %d" % (index, node, index) in over.text, over.text
+    assert_nothing_left(c, mark)

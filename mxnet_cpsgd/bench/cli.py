@@ -4,7 +4,7 @@ Usage::
 
     cpsgd-bench [--model cifar_resnet20_v1] [-n 2] [-s S] [--batch-size 32]
         [--placement colocated|separate] [--emulate-compute MS]
-        [--rates none,1gbit,100mbit] [--queue fifo|fair]
+        [--rates none,1gbit,100mbit] [--queue fair|fifo]
         [--algorithms ssgd,bitsgd,odsgd,cpsgd,horovod]
         [--iters 30] [--warmup-iters 10] [--time-scale D] [--timeline] [--out-dir DIR]
 
@@ -48,9 +48,10 @@ bytes can still be counted; ``loopback`` runs on 127.0.0.1 like a plain
 launcher job (no byte counts); any tc rate (``100mbit``, ``1gbit``) shapes
 both directions of every node's link.  Namespaces need root; without it
 ``none`` falls back to ``loopback`` and shaped rates are skipped.  ``--queue``
-picks the shaped links' queue discipline: ``fifo`` (default; one tbf FIFO per
-link direction, the flows of a link take turns) or ``fair`` (the flows share
-the rate, as with a Linux host's default fq_codel; mxnet_cpsgd.cluster.netem).
+picks the shaped links' queue discipline: ``fair`` (default, as every figure of
+docs/performance.md; the flows share the rate, as with a Linux host's default
+fq_codel; mxnet_cpsgd.cluster.netem) or ``fifo`` (one tbf FIFO per link
+direction, the flows of a link take turns).
 
 Time dilation (``--time-scale D``, D >= 1, default 1): every job runs D times
 slower, emulated compute x D and link rates / D (and delays x D), and every
@@ -206,20 +207,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.rerender:
         return rerender(args.rerender, args.out_dir)
     if args.plot_workers:
-        from .scaling import plot_workers
-        if not plotting_available():
-            parser.error("--plot-workers needs matplotlib: pip install 'mxnet-cpsgd[examples]'")
-        out_dir = args.out_dir or "."
-        algorithms = [a.split("=", 1)[0].strip() for a in (args.algorithms or "").split(",")
-                      if a.strip()]
-        try:
-            table = plot_workers(args.plot_workers, out_dir, algorithms, args.plot_rate)
-        except BenchError as err:
-            parser.error(str(err))
-        print(table)
-        print(os.path.join(out_dir, "time_vs_workers.png"))
-        print(os.path.join(out_dir, "throughput_vs_workers.png"))
-        return 0
+        return _plot_workers(parser, args)
     try:
         validate(args)
     except (BenchError, netem.NetemError) as err:
@@ -228,8 +216,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # said before the jobs run, not discovered after them
         print(NO_PLOTS, file=sys.stderr)
     have_netns = netns_available()
+    rates = _runnable_rates(args.rate_list, have_netns)
+    none_mode = ("network namespaces, tbf at %s (unshaped)" % args.unshaped_rate
+                 if have_netns else "loopback (no namespaces: not root)")
+    out_dir = args.out_dir or os.path.join(
+        "bench-results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(out_dir, exist_ok=True)
+
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    load_start = list(os.getloadavg())
+    runs, interrupted = _run_jobs(args, _jobs(args, rates), os.path.join(out_dir, "runs"),
+                                  have_netns)
+    result = _result(args, argv, rates, none_mode, runs, interrupted, started, load_start)
+    return _write_and_report(args, result, out_dir, interrupted)
+
+
+def _plot_workers(parser, args) -> int:
+    """--plot-workers: the scaling plots and table of several results.json."""
+    from .scaling import plot_workers
+    if not plotting_available():
+        parser.error("--plot-workers needs matplotlib: pip install 'mxnet-cpsgd[examples]'")
+    out_dir = args.out_dir or "."
+    algorithms = [a.split("=", 1)[0].strip() for a in (args.algorithms or "").split(",")
+                  if a.strip()]
+    try:
+        table = plot_workers(args.plot_workers, out_dir, algorithms, args.plot_rate)
+    except BenchError as err:
+        parser.error(str(err))
+    print(table)
+    print(os.path.join(out_dir, "time_vs_workers.png"))
+    print(os.path.join(out_dir, "throughput_vs_workers.png"))
+    return 0
+
+
+def _runnable_rates(rate_list, have_netns):
+    """The rates this machine can run (shaped ones need namespaces)."""
     rates = []
-    for rate in args.rate_list:
+    for rate in rate_list:
         if rate not in UNSHAPED and not have_netns:
             print("cpsgd-bench: skipping rate %s: network emulation needs root and "
                   "iproute2" % rate, file=sys.stderr)
@@ -237,13 +260,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rates.append(rate)
     if not rates:
         raise SystemExit("cpsgd-bench: no rate can run here")
-    none_mode = ("network namespaces, tbf at %s (unshaped)" % args.unshaped_rate
-                 if have_netns else "loopback (no namespaces: not root)")
-    out_dir = args.out_dir or os.path.join(
-        "bench-results", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir, exist_ok=True)
-    raw_dir = os.path.join(out_dir, "runs")
+    return rates
 
+
+def _jobs(args, rates):
+    """(repeat, rate, algorithm) of every job, in the order they run."""
     # every repeat is a full round (compute-only first), so that a disturbance
     # of the shared machine hits all algorithms alike rather than one cell
     jobs = []
@@ -254,10 +275,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for rate in rates:
             for algorithm in args.algorithm_list:
                 jobs.append((repeat, rate, algorithm))
+    return jobs
+
+
+def _run_jobs(args, jobs, raw_dir, have_netns):
+    """Run the jobs one after the other; returns their records and the signal
+    exit status that interrupted them (0: none did)."""
     bar = _progress(len(jobs), not args.no_progress)
     stream = sys.stdout if args.verbose else None
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    load_start = list(os.getloadavg())
     runs = []
     interrupted = 0
     try:
@@ -290,7 +315,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if bar is not None:
             bar.close()
+    return runs, interrupted
 
+
+def _result(args, argv, rates, none_mode, runs, interrupted, started, load_start) -> dict:
+    """results.json: the configuration, the rows and checks derived from the runs,
+    and the runs themselves."""
     rows, compute_ms = analyse(runs, args.num_servers,
                                [v.as_dict() for v in args.variants.values()])
     config = {k: getattr(args, k) for k in (
@@ -302,7 +332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "none_mode": none_mode,
                    "thread_env": dict(THREAD_ENV,
                                       MXNET_CPU_WORKER_NTHREADS=str(args.engine_threads))})
-    result = {
+    return {
         "command": "cpsgd-bench " + " ".join(argv),
         "code": code_fingerprint(),
         "started": started, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -313,6 +343,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "interrupted": bool(interrupted),
         "runs": runs,
     }
+
+
+def _write_and_report(args, result, out_dir, interrupted) -> int:
+    """Timelines, results.json/.md and the plot; prints the table; the exit status."""
+    runs, rows = result["runs"], result["rows"]
     if args.timeline:
         result["timelines"] = build_timelines(result, runs, out_dir,
                                               plots=plotting_available())

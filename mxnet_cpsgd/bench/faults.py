@@ -318,34 +318,51 @@ class Campaign:
             self.hosts = None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mxnet_cpsgd.bench.faults",
         description="Fault campaign: real training jobs (LeNet-5, mnist-5k, 2 workers) "
                     "under a seeded fault injector, compared with uninterrupted runs.")
     parser.add_argument("--out", required=True, help="results directory")
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help="comma-separated, of %s" % ", ".join(CONFIGS))
+                        help="comma-separated, of %s (default: all)" % ", ".join(CONFIGS))
     parser.add_argument("--kinds", default=",".join(KINDS),
-                        help="fault kinds, of %s" % ", ".join(KINDS))
-    parser.add_argument("--faults-per-job", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--iters", type=int, default=3000)
-    parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--stall-timeout", type=float, default=8.0)
+                        help="fault kinds, comma-separated, of %s (default: all)"
+                             % ", ".join(KINDS))
+    parser.add_argument("--faults-per-job", type=int, default=6,
+                        help="faults injected into each faulted run (default 6)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the reference run's training seed, also the fault plan's "
+                             "(default 1)")
+    parser.add_argument("--iters", type=int, default=3000,
+                        help="training iterations of every run (default 3000)")
+    parser.add_argument("--checkpoint-every", type=int, default=10,
+                        help="the faulted runs' checkpoint interval in iterations "
+                             "(default 10)")
+    parser.add_argument("--stall-timeout", type=float, default=8.0,
+                        help="the faulted runs' cpsgd-launch --stall-timeout in seconds "
+                             "(default 8)")
     parser.add_argument("--host-wait", type=float, default=0.0,
                         help="the faulted runs' cpsgd-launch --host-wait (default 0)")
     parser.add_argument("--link-down-factor", type=float, default=1.5,
                         help="link-down lasts this many stall timeouts (default 1.5)")
     parser.add_argument("--min-delay", type=float, default=3.0,
-                        help="least seconds of training between recovery and fault")
-    parser.add_argument("--max-delay", type=float, default=12.0)
+                        help="least seconds of training between recovery and fault "
+                             "(default 3)")
+    parser.add_argument("--max-delay", type=float, default=12.0,
+                        help="most seconds of training between recovery and fault "
+                             "(default 12)")
     parser.add_argument("--end-margin", type=int, default=150,
-                        help="no fault within this many iterations of the end")
+                        help="no fault within this many iterations of the end (default 150)")
     parser.add_argument("--job-timeout", type=float, default=3000.0,
-                        help="seconds any one run may take")
+                        help="seconds any one run may take (default 3000)")
     parser.add_argument("--repeat-reference", action="store_true",
                         help="cpsgd: also repeat the uninterrupted reference run")
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.kinds = [k for k in args.kinds.split(",") if k]

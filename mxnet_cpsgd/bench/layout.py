@@ -149,17 +149,19 @@ def link_table(rows: List[Tuple[str, str, dict]], correction_period: int) -> str
     return "\n".join(lines)
 
 
-def main(argv=None):
+def _parser():
     p = argparse.ArgumentParser(
         prog="python -m mxnet_cpsgd.bench.layout",
         description="Busiest server's share of the bytes per round over the mean share, "
                     "per model and number of servers (no job is started).")
     p.add_argument("--model", nargs="+", default=["resnet20", "resnet50"],
-                   help="models (%s)" % ", ".join(sorted(MODEL_ALIASES)))
-    p.add_argument("--servers", nargs="+", type=int, default=[4, 8, 16, 32])
+                   help="models, of %s (default resnet20 resnet50)"
+                        % ", ".join(sorted(MODEL_ALIASES)))
+    p.add_argument("--servers", nargs="+", type=int, default=[4, 8, 16, 32],
+                   help="numbers of servers (default 4 8 16 32)")
     p.add_argument("--state-per-element", type=float, default=1,
-                   help="server optimizer state per weight element (1: momentum SGD, "
-                        "as cpsgd-bench trains; it sizes the chunks MXNet's big-array "
+                   help="server optimizer state per weight element (default 1: momentum "
+                        "SGD, as cpsgd-bench trains; it sizes the chunks MXNet's big-array "
                         "bound allows)")
     p.add_argument("--link-bytes", action="store_true",
                    help="also print the bytes per round on the busiest host link with a "
@@ -167,6 +169,11 @@ def main(argv=None):
                         "the stores' layout and whole parameters")
     p.add_argument("--correction-period", type=int, default=5,
                    help="cpsgd's k for --link-bytes (default 5)")
+    return p
+
+
+def main(argv=None):
+    p = _parser()
     args = p.parse_args(argv)
     for model in args.model:
         if MODEL_ALIASES.get(model.lower(), model) not in WORKLOADS:

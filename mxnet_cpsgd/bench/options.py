@@ -22,10 +22,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cpsgd-bench",
         description="Time per iteration of the algorithms at several emulated link rates "
                     "(one launcher job per rate and algorithm, plus a compute-only job).")
+    _add_job_options(p)
+    _add_algorithm_options(p)
+    _add_output_options(p)
+    return p
+
+
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    """What each job runs on: model, workers and servers, compute, links."""
     p.add_argument("--model", default="cifar_resnet20_v1",
                    help="lenet, resnet20 (cifar_resnet20_v1, default), inception-bn "
                         "(cifar_inception_bn), resnet50 (resnet50_v1); synthetic data")
-    p.add_argument("-n", "--num-workers", type=int, default=2)
+    p.add_argument("-n", "--num-workers", type=int, default=2,
+                   help="workers of every job (default 2)")
     p.add_argument("-s", "--num-servers", type=int, default=None,
                    help="servers (default: one per worker with --placement colocated, "
                         "1 with separate)")
@@ -38,19 +47,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an emulated accelerator: forward/backward replaced by engine "
                         "waits totalling MS ms per iteration that release each layer's "
                         "gradients in reverse order (time per layer in proportion to its "
-                        "forward FLOPs); stores, servers, network are real")
+                        "forward FLOPs); stores, servers, network are real (default 0: "
+                        "real compute on the CPU)")
     p.add_argument("--time-scale", default="1", metavar="D",
                    help="time dilation: run D times slower (emulated compute x D, link "
                         "rates / D, delays x D) and report every time divided by D "
                         "(labelled dilated); D >= 1, default 1; needs --emulate-compute")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="samples per iteration on each worker (default 32)")
     p.add_argument("--rates", default="none,1gbit,100mbit",
                    help="comma-separated: none (namespaces, unshaped), loopback, or tc "
                         "rates such as 50mbit,1gbit (default none,1gbit,100mbit)")
-    p.add_argument("--queue", choices=netem.QUEUES, default="fifo",
-                   help="queue discipline of the shaped links: fifo (default; one FIFO "
-                        "per link direction) or fair (the TCP flows of a link share its "
-                        "rate, like a Linux host's fq_codel)")
+    p.add_argument("--queue", choices=netem.QUEUES, default="fair",
+                   help="queue discipline of the shaped links: fair (default, as every "
+                        "figure of docs/performance.md: the TCP flows of a link share "
+                        "its rate, like a Linux host's fq_codel) or fifo (one FIFO per "
+                        "link direction)")
+    p.add_argument("--unshaped-rate", default="100gbit",
+                   help="tbf rate of the 'none' rate's namespaces (far above what a veth "
+                        "pair carries, so nothing is shaped); default 100gbit")
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="MXNET_CPU_WORKER_NTHREADS of every process (default 1: one engine "
+                        "thread per process; OMP_NUM_THREADS stays 1)")
+    p.add_argument("--worker-setup", metavar="FILE", default=None,
+                   help="a Python file every worker runs after importing mxnet_cpsgd and "
+                        "before creating its store, e.g. a patch to try on a store "
+                        "(default: none)")
+    p.add_argument("--job-timeout", type=float, default=600.0,
+                   help="seconds one job may run (default 600)")
+
+
+def _add_algorithm_options(p: argparse.ArgumentParser) -> None:
+    """Which stores run, with which knobs, for how many iterations."""
     p.add_argument("--algorithms", default=None,
                    help="comma-separated store names (default %s); '%s' adds MXNet's own "
                         "dist_sync store as a baseline. A variant LABEL=STORE[:KNOB=VALUE"
@@ -64,31 +92,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-iters", type=int, default=10,
                    help="discarded iterations before timing (default 10)")
     p.add_argument("--algo-warmup-steps", type=int, default=None,
-                   help="the algorithms' own S-SGD warm-up (warmup_steps); default half "
-                        "of --warmup-iters, so the timed iterations are all post-warm-up")
-    p.add_argument("--threshold", type=float, default=0.5)
-    p.add_argument("--correction-period", type=int, default=5)
+                   help="the algorithms' own S-SGD warm-up (warmup_steps; bitsgd's stays "
+                        "off); default half of --warmup-iters, so the timed iterations "
+                        "are all post-warm-up")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="2-bit quantization threshold of bitsgd and cpsgd (default 0.5)")
+    p.add_argument("--correction-period", type=int, default=5,
+                   help="correction period of cpsgd and cpsgd_<compressor> (default 5)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the whole sweep this many times, round by round, and report "
                         "the median over rounds (default 1); --timeline profiles round 1")
     p.add_argument("--no-compute-only", action="store_true",
                    help="skip the compute-only job")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Where results go, profiles, and the runs-nothing modes (rerender, plots)."""
     p.add_argument("--timeline", action="store_true",
                    help="profile --timeline-iters extra iterations per run with MXNet's "
                         "profiler; merged traces, and per rate a PNG of up to three runs "
                         "(bitsgd, cpsgd and horovod where measured, else the next ones)")
-    p.add_argument("--timeline-iters", type=int, default=4)
-    p.add_argument("--engine-threads", type=int, default=1,
-                   help="MXNET_CPU_WORKER_NTHREADS of every process (default 1: one engine "
-                        "thread per process; OMP_NUM_THREADS stays 1)")
-    p.add_argument("--worker-setup", metavar="FILE", default=None,
-                   help="a Python file every worker runs after importing mxnet_cpsgd and "
-                        "before creating its store (e.g. a patch to try on a store)")
-    p.add_argument("--unshaped-rate", default="100gbit",
-                   help="tbf rate of the 'none' rate's namespaces (far above what a veth "
-                        "pair carries, so nothing is shaped); default 100gbit")
-    p.add_argument("--job-timeout", type=float, default=600.0,
-                   help="seconds one job may run (default 600)")
+    p.add_argument("--timeline-iters", type=int, default=4,
+                   help="profiled iterations per run with --timeline (default 4)")
     p.add_argument("--out-dir", default=None,
                    help="results directory (default bench-results/<date-time>)")
     p.add_argument("--keep-raw", action="store_true",
@@ -96,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "workers' JSON and logs are always kept there)")
     p.add_argument("--rerender", metavar="RESULTS_JSON", default=None,
                    help="do not run anything: recompute the tables, target checks and plot "
-                        "of an earlier results.json (into --out-dir, default its directory)")
+                        "of an earlier results.json (into --out-dir, default its directory; "
+                        "without --rerender: run the sweep)")
     p.add_argument("--plot-workers", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="do not run anything: plot time per iteration and throughput "
                         "against workers from several results.json (e.g. -n 2 and -n 4) "
@@ -105,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "several files with the same -n (and the same rates, time scale, "
                         "model, batch, servers, placement, queue and emulated compute) are "
                         "one point: their mean, bars from the fastest to the slowest, and "
-                        "scaling.md lists each one's time and efficiency as 'a / b'")
+                        "scaling.md lists each one's time and efficiency as 'a / b' "
+                        "(default: run the sweep)")
     p.add_argument("--plot-rate", choices=PLOT_RATES, default=None,
                    help="with --plot-workers: first reduce each results.json to one of its "
                         "rates, its fastest (e.g. the balanced point) or its slowest (e.g. "
@@ -113,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that ran different rate sets share a plot; the files of one -n "
                         "must then share that rate. Default: every rate of every file")
     p.add_argument("--verbose", action="store_true", help="print the workers' output")
-    p.add_argument("--no-progress", action="store_true")
-    return p
+    p.add_argument("--no-progress", action="store_true",
+                   help="draw no progress bar")
 
 
 def validate(args: argparse.Namespace) -> None:

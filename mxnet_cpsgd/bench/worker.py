@@ -51,38 +51,51 @@ STOCK_SYNC = "dist_sync"
 def _parser():
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.bench.worker",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS))
+    p.add_argument("--model", default="cifar_resnet20_v1", choices=sorted(WORKLOADS),
+                   help="the network, on synthetic data (default cifar_resnet20_v1)")
     p.add_argument("--algorithm", required=True,
                    help="a registered store name, or '%s' (no kvstore)" % COMPUTE_ONLY)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--warmup-iters", type=int, default=10)
-    p.add_argument("--algo-warmup-steps", type=int, default=5)
-    p.add_argument("--threshold", type=float, default=0.5)
-    p.add_argument("--correction-period", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="samples per iteration (default 32)")
+    p.add_argument("--iters", type=int, default=30, help="timed iterations (default 30)")
+    p.add_argument("--warmup-iters", type=int, default=10,
+                   help="discarded iterations before timing (default 10)")
+    p.add_argument("--algo-warmup-steps", type=int, default=5,
+                   help="warmup_steps of the stores whose warm-up is on (default 5)")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="threshold of the stores that take one (default 0.5)")
+    p.add_argument("--correction-period", type=int, default=5,
+                   help="correction_period of the CP-SGD stores (default 5)")
     p.add_argument("--knobs", default=None, metavar="JSON",
                    help="a JSON object of store knobs (an algorithm variant of cpsgd-bench); "
-                        "they override --threshold/--correction-period/--algo-warmup-steps")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--out-dir", required=True)
+                        "they override --threshold/--correction-period/--algo-warmup-steps "
+                        "(default: none)")
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
+    p.add_argument("--out-dir", required=True, help="where the worker writes its JSON")
     p.add_argument("--netns", action="store_true",
                    help="this worker runs in its own network namespace: read eth0's counters")
-    p.add_argument("--num-servers", type=int, default=1)
+    p.add_argument("--num-servers", type=int, default=1,
+                   help="servers of the job (default 1)")
     p.add_argument("--root-netns-pid", type=int, default=None,
                    help="a process in the root network namespace (the bench itself), to "
-                        "read the links' receive-side tbf counters through")
-    p.add_argument("--profile-iters", type=int, default=0)
+                        "read the links' receive-side tbf counters through (default: "
+                        "none, no drop counts)")
+    p.add_argument("--profile-iters", type=int, default=0,
+                   help="iterations profiled with MXNet's profiler after the timed ones "
+                        "(default 0)")
     p.add_argument("--emulate-compute", type=float, default=0.0, metavar="MS",
                    help="replace forward/backward by engine waits totalling MS ms per "
                         "iteration, releasing each layer's gradients in reverse order "
                         "(mxnet_cpsgd.bench.emulate); 0 (default): real compute")
     p.add_argument("--placement", default="separate", choices=("separate", "colocated"),
-                   help="how the job's nodes sit on the emulated hosts (for the counters)")
+                   help="how the job's nodes sit on the emulated hosts, for the counters "
+                        "(default separate)")
     p.add_argument("--num-hosts", type=int, default=None,
-                   help="emulated hosts (namespaces) of the job, for the tbf drop counters")
+                   help="emulated hosts (namespaces) of the job, for the tbf drop counters "
+                        "(default: one per node)")
     p.add_argument("--setup", default=None,
                    help="a Python file run in every worker after importing mxnet_cpsgd, "
-                        "before the store is created")
+                        "before the store is created (default: none)")
     return p
 
 
@@ -171,16 +184,42 @@ def _main(args):
     # store's configuration reads (and rejects unknown names of); keep it aside.
     worker_index = os.environ.pop("MXNET_CPSGD_WORKER_INDEX", None)
     import mxnet as mx
-    from mxnet import autograd, gluon
 
     import mxnet_cpsgd  # noqa: F401  (registers the stores)
-    from mxnet_cpsgd.training import models
 
     if args.setup:
         # e.g. a prototype that patches a store class, for an A/B comparison
         runpy.run_path(args.setup, run_name="cpsgd_bench_setup")
 
-    shape, classes = WORKLOADS[args.model]
+    store, barrier_kv, knobs = _create_store(mx, args)
+    work = _Training(mx, args, store, barrier_kv)
+
+    t_setup = time.perf_counter()
+    work.iterate(args.warmup_iters)
+    warmup_s = time.perf_counter() - t_setup
+
+    window = _timed_window(mx, args, work)
+
+    hwm, rss = memory_kb()  # before profiling, which allocates for its records
+    profile = None
+    if args.profile_iters > 0:
+        profile = _profile(mx, args, work.rank, work.iterate, work.barrier)
+
+    record = _record(args, work, worker_index, knobs, warmup_s, window,
+                     (hwm, rss), profile)
+    _write_record(args, work.rank, record)
+    if work.allreduce:
+        mx.nd.waitall()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        store._hvd.shutdown()
+        os._exit(0)
+    _fast_exit(mx, work.native_kv())
+
+
+def _create_store(mx, args):
+    """(store or None, the bare dist_sync store of the compute-only job or None,
+    the knobs the store got)."""
     if args.algorithm == COMPUTE_ONLY:
         barrier_kv = mx.kv.create("dist_sync")
         store = None
@@ -206,57 +245,73 @@ def _main(args):
         knobs = _knobs(args.algorithm, args)
         store = _store_class(args.algorithm)(knobs)
         barrier_kv = None
-    allreduce = store is not None and is_allreduce(type(store))
-    rank = int((barrier_kv or store).rank)
+    return store, barrier_kv, knobs
 
-    net = models.get_model(args.model, classes=classes)
-    emulated = None
-    if args.emulate_compute > 0:
-        from mxnet_cpsgd.bench.emulate import EmulatedCompute
-        num_params = models.initialize(net, shape, [mx.cpu()], hybridize=False, seed=0)
-        emulated = EmulatedCompute(net, shape, args.batch_size, args.emulate_compute,
-                                   seed=1 + rank)
-    else:
-        num_params = models.initialize(net, shape, [mx.cpu()], seed=0)
-    trainer = gluon.Trainer(net.collect_params(), "sgd",
-                            {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-4},
-                            kvstore=store)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = mx.nd.random
-    mx.random.seed(1 + rank)
-    data = rng.normal(shape=(args.batch_size,) + shape)
-    label = mx.nd.array([i % classes for i in range(args.batch_size)])
-    mx.nd.waitall()
 
-    def native_kv():
-        """The MXNet KVStore underneath (a PolicyStore wraps one in ``_kv``)."""
-        if store is None:
-            return barrier_kv
-        return getattr(store, "_kv", None) or store
+class _Training:
+    """The model, its Trainer on the store and the synthetic batch: what one
+    iteration runs, and the barrier between the workers."""
 
-    num_workers = int((barrier_kv or store).num_workers)
-    step_batch = args.batch_size * (num_workers if args.algorithm == STOCK_SYNC else 1)
+    def __init__(self, mx, args, store, barrier_kv):
+        from mxnet import gluon
+        from mxnet_cpsgd.training import models
 
-    def barrier():
+        self.mx, self.store, self.barrier_kv = mx, store, barrier_kv
+        shape, classes = WORKLOADS[args.model]
+        self.allreduce = store is not None and is_allreduce(type(store))
+        self.rank = int((barrier_kv or store).rank)
+
+        self.net = models.get_model(args.model, classes=classes)
+        self.emulated = None
+        if args.emulate_compute > 0:
+            from mxnet_cpsgd.bench.emulate import EmulatedCompute
+            self.num_params = models.initialize(self.net, shape, [mx.cpu()],
+                                                hybridize=False, seed=0)
+            self.emulated = EmulatedCompute(self.net, shape, args.batch_size,
+                                            args.emulate_compute, seed=1 + self.rank)
+        else:
+            self.num_params = models.initialize(self.net, shape, [mx.cpu()], seed=0)
+        self.trainer = gluon.Trainer(self.net.collect_params(), "sgd",
+                                     {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-4},
+                                     kvstore=store)
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        rng = mx.nd.random
+        mx.random.seed(1 + self.rank)
+        self.data = rng.normal(shape=(args.batch_size,) + shape)
+        self.label = mx.nd.array([i % classes for i in range(args.batch_size)])
         mx.nd.waitall()
-        if allreduce:
-            flag = mx.nd.ones((1,))
-            store._hvd.allreduce_(flag, name="cpsgd-bench.barrier")
+
+        self.num_workers = int((barrier_kv or store).num_workers)
+        self.step_batch = args.batch_size * (self.num_workers
+                                             if args.algorithm == STOCK_SYNC else 1)
+
+    def native_kv(self):
+        """The MXNet KVStore underneath (a PolicyStore wraps one in ``_kv``)."""
+        if self.store is None:
+            return self.barrier_kv
+        return getattr(self.store, "_kv", None) or self.store
+
+    def barrier(self):
+        self.mx.nd.waitall()
+        if self.allreduce:
+            flag = self.mx.nd.ones((1,))
+            self.store._hvd.allreduce_(flag, name="cpsgd-bench.barrier")
             flag.wait_to_read()
         else:
-            native_kv()._barrier()
+            self.native_kv()._barrier()
 
-    def iterate(count, times=None, step_times=None, link_bytes=None):
+    def iterate(self, count, times=None, step_times=None, link_bytes=None):
+        from mxnet import autograd
         prev = time.perf_counter()
         for _ in range(count):
-            if emulated is not None:
-                loss = emulated.iteration()
+            if self.emulated is not None:
+                loss = self.emulated.iteration()
             else:
                 with autograd.record():
-                    loss = loss_fn(net(data), label)
+                    loss = self.loss_fn(self.net(self.data), self.label)
                 loss.backward()
             before_step = time.perf_counter()
-            trainer.step(step_batch)
+            self.trainer.step(self.step_batch)
             after_step = time.perf_counter()
             loss.wait_to_read()
             now = time.perf_counter()
@@ -269,34 +324,35 @@ def _main(args):
                 link_bytes.append(read_counters())
             prev = now
 
-    t_setup = time.perf_counter()
-    iterate(args.warmup_iters)
-    warmup_s = time.perf_counter() - t_setup
 
+def _timed_window(mx, args, work):
+    """The timed iterations between two barriers, with every counter read on
+    either side of them (bytes, drops, CPU)."""
+    rank = work.rank
     # separate placement: the servers' own links; colocated: a worker's eth0 is
     # its host's link, which its server shares
     servers = (server_namespaces(args.num_servers)
                if (args.netns and rank == 0 and args.placement == "separate"
-                   and not allreduce) else [])
-    peers = job_peers() if rank == 0 and not allreduce else {}
-    barrier()
+                   and not work.allreduce) else [])
+    peers = job_peers() if rank == 0 and not work.allreduce else {}
+    work.barrier()
     before = read_counters() if args.netns else None
     server_before = read_server_counters(servers) if servers else None
     job = job_namespaces()[0] if (args.netns and rank == 0 and args.root_netns_pid) else None
-    num_nodes = args.num_hosts or (1 + args.num_servers + num_workers)
+    num_nodes = args.num_hosts or (1 + args.num_servers + work.num_workers)
     drops_before = read_drops(job, num_nodes, args.root_netns_pid) if job else None
     peer_cpu_before = {pid: cpu_seconds(pid) for pid in peers}
     system_before = system_cpu_seconds()
     cpu_before = cpu_seconds()
-    barrier()
+    work.barrier()
     times, step_times = [], []
     link_marks = [before] if args.netns else None
     start = time.perf_counter()
-    iterate(args.iters, times, step_times, link_marks)
+    work.iterate(args.iters, times, step_times, link_marks)
     loop_s = time.perf_counter() - start
     mx.nd.waitall()
     drained_s = time.perf_counter() - start
-    barrier()
+    work.barrier()
     cpu_after = cpu_seconds()
     system_after = system_cpu_seconds()
     after = read_counters() if args.netns else None
@@ -308,29 +364,40 @@ def _main(args):
         if now is not None and peer_cpu_before.get(pid) is not None:
             peer_cpu.setdefault(role, 0.0)
             peer_cpu[role] += now - peer_cpu_before[pid]
+    return {"times": times, "step_times": step_times, "loop_s": loop_s,
+            "drained_s": drained_s, "before": before, "after": after,
+            "link_marks": link_marks, "server_before": server_before,
+            "server_after": server_after, "cpu": (cpu_before, cpu_after),
+            "peer_cpu": peer_cpu, "system": (system_before, system_after),
+            "drops": (drops_before, drops_after)}
 
-    hwm, rss = memory_kb()  # before profiling, which allocates for its records
-    profile = None
-    if args.profile_iters > 0:
-        profile = _profile(mx, args, rank, iterate, barrier)
 
-    record = {
+def _record(args, work, worker_index, knobs, warmup_s, window, memory, profile):
+    """The worker's JSON record (worker-<rank>.json)."""
+    rank, emulated = work.rank, work.emulated
+    before, after, link_marks = window["before"], window["after"], window["link_marks"]
+    server_before, server_after = window["server_before"], window["server_after"]
+    cpu_before, cpu_after = window["cpu"]
+    system_before, system_after = window["system"]
+    drops_before, drops_after = window["drops"]
+    hwm, rss = memory
+    return {
         "rank": rank,
         "worker_index": int(worker_index) if worker_index is not None else rank,
         "algorithm": args.algorithm,
         "knobs": knobs,
         "model": args.model,
         "batch_size": args.batch_size,
-        "num_params": num_params,
-        "param_bytes": 4 * num_params,
+        "num_params": work.num_params,
+        "param_bytes": 4 * work.num_params,
         "warmup_iters": args.warmup_iters,
         "warmup_s": warmup_s,
         "iters": args.iters,
-        "iter_times_s": times,
+        "iter_times_s": window["times"],
         # Python time inside trainer.step (the engine runs asynchronously)
-        "step_call_s": step_times,
-        "loop_s": loop_s,
-        "drained_s": drained_s,
+        "step_call_s": window["step_times"],
+        "loop_s": window["loop_s"],
+        "drained_s": window["drained_s"],
         "tx_bytes": after[0] - before[0] if args.netns else None,
         "rx_bytes": after[1] - before[1] if args.netns else None,
         # per timed iteration: bytes this host's link sent / received between the
@@ -345,7 +412,7 @@ def _main(args):
         # CPU seconds over the timed window (from barrier to barrier): this
         # worker's process, and (rank 0 only) the servers' and the scheduler's
         "cpu_s": cpu_after - cpu_before,
-        "peer_cpu_s": peer_cpu if rank == 0 else None,
+        "peer_cpu_s": window["peer_cpu"] if rank == 0 else None,
         # the whole machine's busy CPU seconds over the same window
         "system_busy_s": system_after[0] - system_before[0],
         "system_total_s": system_after[1] - system_before[1],
@@ -358,24 +425,21 @@ def _main(args):
         "emulate_compute_ms": args.emulate_compute,
         "emulated_layers": emulated.describe() if emulated is not None else None,
         "placement": args.placement,
-        "allreduce": allreduce,
+        "allreduce": work.allreduce,
         "threads": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",
                                                    "MXNET_CPU_WORKER_NTHREADS")},
     }
+
+
+def _write_record(args, rank, record):
     path = os.path.join(args.out_dir, "worker-%d.json" % rank)
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(path + ".tmp", path)
+    times = record["iter_times_s"]
     print("bench worker %d: %s median %.1f ms over %d iterations"
           % (rank, args.algorithm, 1e3 * sorted(times)[len(times) // 2] if times else 0,
              len(times)))
-    if allreduce:
-        mx.nd.waitall()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        store._hvd.shutdown()
-        os._exit(0)
-    _fast_exit(mx, native_kv())
 
 
 def _fast_exit(mx, kv):

@@ -70,6 +70,45 @@ def build(cluster: Cluster, command: List[str], num_workers: int, num_servers: i
                                      root_uri))
 
 
+def _holdings(names: List[str]) -> str:
+    """``a, a, b`` -> ``'2 on a, 1 on b'`` (``'1 on each of a, b'`` when equal)."""
+    counts = {name: names.count(name) for name in dict.fromkeys(names)}
+    if len(set(counts.values())) == 1 and len(counts) > 1:
+        return "%d on each of %s" % (names.count(names[0]), ", ".join(counts))
+    return ", ".join("%d on %s" % (count, name) for name, count in counts.items())
+
+
+def check_capacity(cluster: Cluster, num_workers: int) -> None:
+    """Refuse more workers than the Slurm allocation has tasks, or than the
+    host file's ``slots=N`` add up to (each worker takes one; servers and the
+    scheduler run beside them), unless ``cluster.oversubscribe``.  Workers go
+    round-robin over the slots, so ``num_workers`` within the total keeps
+    every node within its own count.  Raises LaunchError (one line)."""
+    if cluster.oversubscribe:
+        return
+    if isinstance(cluster, slurm.SlurmCluster):
+        slots = list(cluster.slots)
+        if num_workers > len(slots):
+            raise LaunchError(
+                "-n %d: Slurm job %s holds %d task%s (%s), one per worker; ask Slurm for "
+                "%d (salloc/sbatch --ntasks=%d, or a larger --ntasks-per-node), give -n %d "
+                "or fewer, or add --oversubscribe; nothing was started" % (
+                    num_workers, cluster.job_id, len(slots), "" if len(slots) == 1 else "s",
+                    _holdings(slots), num_workers, num_workers, len(slots)))
+        return
+    if not isinstance(cluster, (ssh.Cluster, mpi.MpiCluster)) \
+            or not any(h.slots for h in cluster.hosts):
+        return
+    slots = [str(h) for h in ssh.slot_hosts(cluster.hosts)]
+    if num_workers > len(slots):
+        raise LaunchError(
+            "-n %d: the host file states %d slot%s (%s%s), one per worker; add hosts "
+            "or raise slots=N, give -n %d or fewer, or add --oversubscribe; nothing was "
+            "started" % (num_workers, len(slots), "" if len(slots) == 1 else "s",
+                         _holdings(slots), "" if all(h.slots for h in cluster.hosts)
+                         else "; a line without slots= counts as 1", len(slots)))
+
+
 def cleanup_reserve(cluster: Cluster, timeout: float) -> float:
     """Seconds of the teardown bound kept for :func:`cleanup`."""
     if isinstance(cluster, (slurm.SlurmCluster, mpi.MpiCluster)):
@@ -127,13 +166,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "slurm (inside a Slurm allocation: its nodes, each node a "
                              "job step started with srun), mpi (Open MPI's mpirun "
                              "starts every node: on the hosts of -H, or here without)")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="with --launcher slurm, or a host file whose lines state "
+                             "slots=N: start more workers than the allocation has tasks "
+                             "(or the host file slots); refused without it")
     parser.add_argument("--srun-option", action="append", default=[], metavar="OPTION",
                         help="with --launcher slurm: one more option for every srun "
-                             "(repeatable, e.g. --srun-option=--mpi=none)")
+                             "(repeatable, e.g. --srun-option=--mpi=none; default: none)")
     parser.add_argument("--mpirun-option", action="append", default=[], metavar="OPTION",
                         help="with --launcher mpi: one more option for every mpirun "
                              "(repeatable, e.g. --mpirun-option=--mca "
-                             "--mpirun-option=plm_rsh_agent=ssh)")
+                             "--mpirun-option=plm_rsh_agent=ssh; default: none)")
 
 
 def slurm_cluster(args: argparse.Namespace) -> slurm.SlurmCluster:
@@ -205,4 +248,6 @@ def cluster_from_args(args: argparse.Namespace) -> Optional[Cluster]:
                           "allocation)")
     if args.num_workers is None:
         raise LaunchError("-n/--num-workers is required (except with --launcher slurm)")
+    if cluster is not None:
+        cluster.oversubscribe = args.oversubscribe
     return cluster

@@ -78,10 +78,15 @@ def name_problem(hostname: str) -> Optional[str]:
     return None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.cluster.gloo_host")
-    p.add_argument("--hosts", type=int, default=1, help="how many hosts the job spans")
+    p.add_argument("--hosts", type=int, default=1, help="how many hosts the job spans (default 1)")
     p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -13,7 +13,10 @@ every host, as ``cpsgd-launch -H`` requires.
 Files written to :attr:`EmulatedHosts.dir`: ``hostfile`` (one address per
 line), ``ssh_config`` (user, key, known_hosts with the generated host keys,
 strict host key checking, batch mode), ``id_ed25519``, ``known_hosts``, per
-host ``sshd-N.conf``, ``sshd-N.log`` and its host key.
+host ``sshd-N.conf``, ``sshd-N.log`` and its host key.  Every sshd keeps its
+sessions alive as a cluster's should (:data:`SSHD_ALIVE_INTERVAL_S`): the
+session of a client that vanished (its link went down) ends within
+:data:`SSHD_SESSION_BOUND_S` instead of when TCP gives up.
 
 Example::
 
@@ -48,6 +51,16 @@ from typing import List, Optional
 from mxnet_cpsgd.cluster import netem, procfs
 
 SSHD = "/usr/sbin/sshd"
+#: every emulated sshd probes a silent client this often (ClientAliveInterval) and
+#: ends the session after this many unanswered probes (ClientAliveCountMax), the
+#: same keep-alive the launcher's ssh client runs towards it; without it, the
+#: session of a client that vanished with its link lingers until TCP gives up
+SSHD_ALIVE_INTERVAL_S = 10
+SSHD_ALIVE_COUNT = 3
+#: so a session whose client stopped answering is gone this long after its last
+#: packet (OpenSSH 9.2 probes only when a whole interval passed without any event,
+#: so up to every second interval: 85 s measured with the link kept down)
+SSHD_SESSION_BOUND_S = 2 * SSHD_ALIVE_INTERVAL_S * (SSHD_ALIVE_COUNT + 1) + 10
 #: where ``ip netns exec`` finds the files it puts over /etc's for a namespace
 NETNS_ETC = "/etc/netns"
 
@@ -211,6 +224,8 @@ class EmulatedHosts:
                     "StrictModes no",
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
+                    "ClientAliveInterval %d" % SSHD_ALIVE_INTERVAL_S,
+                    "ClientAliveCountMax %d" % SSHD_ALIVE_COUNT,
                     "LogLevel INFO",
                     ""]))
             log = open(os.path.join(self.dir, "sshd-%d.log" % host.index), "w")
@@ -255,6 +270,15 @@ class EmulatedHosts:
             return []
         daemon = _inner_pid(host.sshd.pid)
         return [pid for pid in procfs.pids() if procfs.ppid(pid) == daemon]
+
+    @staticmethod
+    def is_sshd(pid: int) -> bool:
+        """Whether ``pid`` is an sshd process (the daemon or a session's)."""
+        try:
+            with open("/proc/%d/comm" % pid) as f:
+                return f.read().strip().startswith("sshd")
+        except OSError:
+            return False
 
     def processes(self, host: EmulatedHost) -> List[int]:
         """pids of every process in the host's namespace except its sshd daemon."""

@@ -24,9 +24,9 @@ Python API: :func:`run_job`.  See docs/launcher.md.  The parts: nodes on this
 machine (:mod:`.local_nodes`), on other hosts over ssh (:mod:`.remote_nodes`,
 :mod:`.ssh`), as Slurm job steps (:mod:`.slurm`) or under mpirun (:mod:`.mpi`),
 chosen by :mod:`.engines`; running and watching them (:mod:`.supervise`); this
-module is the command line and :func:`run_job`.
+module is :func:`run_job` and the command line's :func:`main` (the options:
+:mod:`.launch_options`).
 """
-import argparse
 import os
 import re
 import shlex
@@ -45,12 +45,14 @@ from mxnet_cpsgd.cluster.local_nodes import (PLACEMENTS, build_local_nodes,  # n
 from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
                                        WORKER_INDEX_ENV, WORKER_SITE_DIR, LaunchError,
                                        describe_exit, free_port)
-from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S, LONG_PHASE_FACTOR
+from mxnet_cpsgd.cluster.launch_options import build_parser
+from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S
 from mxnet_cpsgd.cluster.supervise import Job, Output
 
 # the names these functions had before the launcher was split into modules
 _horovod_env = horovod_env
 _build_nodes = build_local_nodes
+_parser = build_parser  # the launcher's parser, now in launch_options.py
 
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -216,6 +218,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
               stall_timeout, max_restarts, host_wait)
+    if cluster is not None:  # workers within the tasks or slots, before anything starts
+        engines.check_capacity(cluster, num_workers)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
     if spec is not None and cluster is not None:
         raise LaunchError("network emulation and a host file exclude each other")
@@ -227,34 +231,46 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     interrupt = _Interrupt()
     old_handlers: Dict[int, object] = {}
     deadline = None if job_timeout is None else time.monotonic() + job_timeout
+
+    def make_attempt(attempt_env: Dict[str, str], first: bool,
+                     attempt_host_wait: float) -> "_Attempt":
+        return _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
+                        job_timeout, deadline, stall_timeout, out, port, cluster,
+                        placement, allreduce, spec, emulate_network, interrupt,
+                        first=first, host_wait=attempt_host_wait)
+
     try:
         if handle_signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old_handlers[signum] = signal.signal(signum, interrupt.handler)
-        restarts = 0
-        while True:
-            attempt_env = dict(env, **({RESTART_ENV: str(restarts)} if restarts else {}))
-            attempt = _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
-                               job_timeout, deadline, stall_timeout, out, port, cluster,
-                               placement, allreduce, spec, emulate_network, interrupt,
-                               first=restarts == 0,
-                               host_wait=host_wait if restarts < max_restarts else 0.0)
-            result = attempt.run()
-            if result.returncode == 0 or not attempt.restartable \
-                    or interrupt.signum is not None or restarts >= max_restarts:
-                break
-            restarts += 1
-            out.message("restart %d of %d (MXNET_CPSGD_RESTART=%d) after: %s" % (
-                restarts, max_restarts, restarts, result.failure))
-        if restarts and result.returncode != 0:
-            out.message("giving up after %d restart%s" % (restarts, "" if restarts == 1 else "s"))
-        result.restarts = restarts
-        result.output = "\n".join(out.lines)
-        return result
+        return _run_attempts(make_attempt, env, out, interrupt, max_restarts, host_wait)
     finally:
         for signum, handler in old_handlers.items():
             signal.signal(signum, handler)
         out.close()
+
+
+def _run_attempts(make_attempt, env: Dict[str, str], out: Output, interrupt: _Interrupt,
+                  max_restarts: int, host_wait: float) -> JobResult:
+    """Run the job, and after a failure it can restart from, again, at most
+    ``max_restarts`` times; the last attempt's result."""
+    restarts = 0
+    while True:
+        attempt_env = dict(env, **({RESTART_ENV: str(restarts)} if restarts else {}))
+        attempt = make_attempt(attempt_env, restarts == 0,
+                               host_wait if restarts < max_restarts else 0.0)
+        result = attempt.run()
+        if result.returncode == 0 or not attempt.restartable \
+                or interrupt.signum is not None or restarts >= max_restarts:
+            break
+        restarts += 1
+        out.message("restart %d of %d (MXNET_CPSGD_RESTART=%d) after: %s" % (
+            restarts, max_restarts, restarts, result.failure))
+    if restarts and result.returncode != 0:
+        out.message("giving up after %d restart%s" % (restarts, "" if restarts == 1 else "s"))
+    result.restarts = restarts
+    result.output = "\n".join(out.lines)
+    return result
 
 
 @dataclass
@@ -370,90 +386,6 @@ class _Attempt:
                 network.close()
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cpsgd-launch",
-        usage="%(prog)s -n WORKERS -s SERVERS [options] -- COMMAND ARGS...",
-        description="Start a ps-lite job (1 scheduler, S servers running "
-                    "'import mxnet', M workers running COMMAND) on this machine, "
-                    "print every node's output prefixed with its name, and stop "
-                    "everything when any node fails.")
-    parser.add_argument("-n", "--num-workers", type=int, default=None,
-                        help="workers (>= 1; with --launcher slurm default one per task)")
-    parser.add_argument("-s", "--num-servers", type=int, default=None,
-                        help="servers (>= 1; with -H default one per host, with "
-                             "--launcher slurm one per node)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds from the end or failure of the job until every "
-                             "process must be gone (default 60)")
-    parser.add_argument("--job-timeout", type=float, default=None,
-                        help="seconds the whole job may run (default: no limit)")
-    parser.add_argument("--port", type=int, default=None,
-                        help="scheduler port (default: a free one)")
-    parser.add_argument("--env", action="append", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="environment for every node (repeatable)")
-    parser.add_argument("--emulate-network", metavar="RATE[,DELAY][,QUEUE]", default=None,
-                        help="run each node in its own network namespace with links "
-                             "shaped to RATE (e.g. 100mbit) and optional one-way DELAY "
-                             "(e.g. 0.2ms; needs netem in the kernel); QUEUE fifo "
-                             "(default: one FIFO per link direction) or fair (the TCP "
-                             "flows of a link share its rate; not with DELAY); root only")
-    parser.add_argument("--time-scale", metavar="D", default=None,
-                        help="time dilation of --emulate-network: rates divided by D, "
-                             "delays multiplied by D (D >= 1, default 1).  Only the network "
-                             "is dilated: slow the workers' compute down by D yourself "
-                             "(e.g. an emulated compute time x D) and divide the times you "
-                             "measure by D (cpsgd-bench --time-scale does all of this)")
-    parser.add_argument("--placement", choices=("separate", "colocated"), default="separate",
-                        help="with --emulate-network: every node on its own host, or one "
-                             "host per worker running it and one server (default separate)")
-    parser.add_argument("--log-dir", default=None, help="also write one log file per node here")
-    parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
-                        metavar="SECONDS",
-                        help="end the job when a node makes no progress for this long: "
-                             "its process stopped (state T), or no worker reporting "
-                             "progress (phases start, eval and save may take %d times as "
-                             "long); 0: off (default %g)" % (LONG_PHASE_FACTOR,
-                                                             DEFAULT_STALL_TIMEOUT_S))
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="after a node died, failed or stalled, stop the whole job and "
-                             "start it again, at most N times; every node then gets "
-                             "MXNET_CPSGD_RESTART=<restart count> (default 0)")
-    parser.add_argument("--host-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="with --max-restarts: a host that cannot be reached after a "
-                             "failure is tried again for up to SECONDS, its leftover "
-                             "processes killed once it answers, and the job restarted; "
-                             "if it never answers the job ends naming it (default 0: "
-                             "end at once)")
-    engines.add_arguments(parser)
-    hosts = parser.add_argument_group(
-        "several machines (over ssh)",
-        "The working directory (or --copy-workdir's) and the interpreter must be the same "
-        "path on every host.  See docs/launcher.md.")
-    hosts.add_argument("-H", "--hostfile", default=None,
-                       help="run the nodes on these hosts: one host[:port] per line; "
-                            "servers, then workers, round-robin")
-    hosts.add_argument("--ssh-user", default=None, help="ssh login name (ssh -l)")
-    hosts.add_argument("--ssh-identity", default=None, help="ssh private key (ssh -i)")
-    hosts.add_argument("--ssh-config", default=None, help="ssh configuration file (ssh -F)")
-    hosts.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="ssh -o option (repeatable; overrides the launcher's defaults)")
-    hosts.add_argument("--ssh-connect-timeout", type=float, default=10.0,
-                       help="seconds for ssh to connect (default 10)")
-    hosts.add_argument("--scheduler-on-first-host", action="store_true",
-                       help="run the scheduler on the first host instead of here")
-    hosts.add_argument("--scheduler-address", default=None,
-                       help="this machine's address that every host reaches (default: "
-                            "its address on the route to the first host)")
-    hosts.add_argument("--python", default=None,
-                       help="interpreter for servers, scheduler and the remote watchdog, "
-                            "the same path on every host (default: this one)")
-    hosts.add_argument("--copy-workdir", default=None, metavar="DIR",
-                       help="copy the current directory to DIR on every host first "
-                            "(tar over ssh) and run there")
-    return parser
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point (console script ``cpsgd-launch``).
 
@@ -464,7 +396,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         The job's exit code (see :class:`JobResult`); 2 for usage errors.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
+    parser = build_parser()
     if "--" in argv:
         split = argv.index("--")
         options, command = argv[:split], argv[split + 1:]

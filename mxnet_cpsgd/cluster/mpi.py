@@ -1,8 +1,8 @@
 """Jobs started with Open MPI's ``mpirun`` (``cpsgd-launch --launcher mpi``).
 
-The hosts are the lines of ``-H HOSTFILE`` (an MPI host file's ``slots=N``
-is ignored; servers then workers round-robin over the lines, as with ssh),
-or this machine alone without ``-H``.  Every remote node is its own
+The hosts are the lines of ``-H HOSTFILE`` (servers then workers
+round-robin over the lines, or over the slots where lines state ``slots=N``,
+as with ssh: :func:`.ssh.slot_hosts`), or this machine alone without ``-H``.  Every remote node is its own
 ``mpirun -np 1 --host HOST`` running the ssh mode's watchdog
 (:mod:`.watchdog`, through :mod:`.step_nodes`): mpirun forwards its stdin to
 the task and the task's stdout and stderr back, so heartbeats, ``TERM`` /
@@ -38,12 +38,14 @@ class MpiCluster:
         scheduler_address: this machine's address every host reaches.
         mpirun: the mpirun program.
         mpirun_options: more options for every mpirun.
+        oversubscribe: place more workers on a host than its ``slots=N``.
     """
     hosts: List[ssh.Host]
     python: str = ""
     scheduler_address: Optional[str] = None
     mpirun: str = "mpirun"
     mpirun_options: List[str] = field(default_factory=list)
+    oversubscribe: bool = False
 
     @property
     def names(self) -> List[str]:
@@ -104,11 +106,11 @@ def prepare(cluster: MpiCluster, port: Optional[int], timeout: float) -> Tuple[s
 def build_nodes(command: List[str], num_workers: int, num_servers: int,
                 env: Mapping[str, str], port: int, cluster: MpiCluster, root_uri: str,
                 launch_id: str, heartbeat: float) -> List[Node]:
-    """Scheduler here; servers then workers round-robin over the hosts, each
-    under its own mpirun."""
+    """Scheduler here; servers then workers round-robin over the hosts (their
+    slots), each under its own mpirun."""
     return build_step_nodes(
         command, num_workers, num_servers, env, port, root_uri, launch_id, heartbeat,
-        cluster.python, cluster.names,
+        cluster.python, [h.name for h in ssh.slot_hosts(cluster.hosts)],
         lambda host: "127.0.0.1" if host == LOCAL else host,
         lambda host, cwd: cluster.argv([host]) + ["--wdir", cwd])
 

@@ -21,8 +21,9 @@ def build_host_nodes(command: List[str], num_workers: int, num_servers: int,
     servers-then-workers list on host i % len(hosts), as MXNet's tools/launch.py
     places them); remote nodes run through ssh and the watchdog.  With
     ``allreduce``: the rendezvous service here and worker i on host
-    i % len(hosts) (:mod:`.allreduce_nodes`)."""
-    hosts = cluster.hosts
+    i % len(hosts) (:mod:`.allreduce_nodes`).  Where lines state ``slots=N``,
+    "the hosts" are their slots (:func:`ssh.slot_hosts`)."""
+    hosts = ssh.slot_hosts(cluster.hosts)
     cwd = cluster.copy_to or os.getcwd()
     if allreduce:
         def launch_on(index, name):

@@ -31,15 +31,20 @@ REQUEST_TIMEOUT_S = 60.0
 LISTEN_BACKLOG = 1024
 
 
-def main(argv=None):
+def _parser():
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.cluster.rendezvous")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, help="port to listen on")
     p.add_argument("--bind", default="0.0.0.0",
-                   help="address to listen on (default: every address)")
+                   help="address to listen on (default 0.0.0.0: every address)")
     p.add_argument("--hosts", required=True,
                    help="comma-separated host names, one per worker in rank order")
     p.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S,
                    help="seconds a request may take to arrive whole (default %(default)s)")
+    return p
+
+
+def main(argv=None):
+    p = _parser()
     args = p.parse_args(argv)
     if not args.request_timeout > 0:
         p.error("--request-timeout must be positive")

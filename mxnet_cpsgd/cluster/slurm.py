@@ -68,13 +68,8 @@ def expand_tasks_per_node(text: str) -> List[int]:
     return counts
 
 
-def slot_order(nodes: Sequence[str], tasks: Sequence[int]) -> List[str]:
-    """One entry per task, the nodes taken in turn: (a, b), (2, 1) -> a, b, a."""
-    slots, round_ = [], 0
-    while len(slots) < sum(tasks):
-        slots += [n for n, t in zip(nodes, tasks) if t > round_]
-        round_ += 1
-    return slots
+#: one entry per task, the nodes taken in turn: (a, b), (2, 1) -> a, b, a
+slot_order = ssh.slot_order
 
 
 @dataclass
@@ -92,6 +87,7 @@ class SlurmCluster:
             (default: its address on the route to the first node).
         srun: the srun program.
         srun_options: more options for every srun (e.g. ``--mpi=none``).
+        oversubscribe: start more workers than the allocation has tasks.
     """
     job_id: str
     nodes: List[str]
@@ -101,6 +97,7 @@ class SlurmCluster:
     scheduler_address: Optional[str] = None
     srun: str = "srun"
     srun_options: List[str] = field(default_factory=list)
+    oversubscribe: bool = False
 
     @property
     def hosts(self) -> List[ssh.Host]:

@@ -24,8 +24,8 @@ teardown runs :func:`sweep` on every host: one more ssh connection that
 SIGKILLs every process carrying the job's :data:`JOB_ID_ENV` value.
 
 Host file: one ``host`` or ``host:port`` per line (``#`` comments and blank
-lines ignored; a trailing ``slots=N`` as in MPI host files is ignored, as
-MXNet's tools/launch.py does).
+lines ignored), optionally followed by ``slots=N`` as in MPI host files: how
+many workers the host takes (:func:`slot_hosts`).
 """
 import os
 import re
@@ -56,6 +56,8 @@ class Host:
     """One line of a host file."""
     name: str
     port: Optional[int] = None
+    #: workers it takes (``slots=N``), or None where the line states none
+    slots: Optional[int] = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return self.name if self.port is None else "%s:%d" % (self.name, self.port)
@@ -75,18 +77,38 @@ def parse_hostfile(path: str) -> List[Host]:
     hosts = []
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
-        line = re.sub(r"\s+slots=\d+$", "", line)
         if not line:
             continue
-        match = re.match(r"^([A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\])(?::(\d+))?$", line)
+        match = re.match(r"^([A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\])(?::(\d+))?"
+                         r"(?:\s+slots=([1-9]\d*))?$", line)
         if not match or (match.group(2) and not 1 <= int(match.group(2)) <= 65535):
-            raise HostError("%s line %d: expected host or host:port, got %r"
-                            % (path, number, raw))
+            raise HostError("%s line %d: expected host, host:port or either followed by "
+                            "slots=N (N >= 1), got %r" % (path, number, raw))
         port = int(match.group(2)) if match.group(2) else None
-        hosts.append(Host(match.group(1).strip("[]"), port))
+        slots = int(match.group(3)) if match.group(3) else None
+        hosts.append(Host(match.group(1).strip("[]"), port, slots))
     if not hosts:
         raise HostError("host file %s lists no host" % path)
     return hosts
+
+
+def slot_order(items: Sequence, counts: Sequence[int]) -> List:
+    """One entry per slot, the items taken in turn while they have slots
+    left: (a, b) with (2, 1) -> a, b, a."""
+    slots, round_ = [], 0
+    while len(slots) < sum(counts):
+        slots += [item for item, count in zip(items, counts) if count > round_]
+        round_ += 1
+    return slots
+
+
+def slot_hosts(hosts: Sequence[Host]) -> List[Host]:
+    """Where nodes go in turn: the hosts as listed, or, when some line states
+    ``slots=N``, one entry per slot in :func:`slot_order` (a line without
+    ``slots=`` then counts as one slot)."""
+    if not any(h.slots for h in hosts):
+        return list(hosts)
+    return slot_order(hosts, [h.slots or 1 for h in hosts])
 
 
 @dataclass
@@ -458,6 +480,7 @@ class Cluster:
             same path on every host (default: the launcher's own).
         copy_to: copy the current directory to this directory on every host
             first and run there (default: run in the current directory's path).
+        oversubscribe: place more workers on a host than its ``slots=N``.
     """
     hosts: List[Host]
     ssh: SshSettings = field(default_factory=SshSettings)
@@ -465,3 +488,4 @@ class Cluster:
     scheduler_address: Optional[str] = None
     python: str = ""
     copy_to: Optional[str] = None
+    oversubscribe: bool = False

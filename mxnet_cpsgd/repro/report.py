@@ -26,6 +26,7 @@ Definitions used by every table (docs/reproduce.md):
 
 The report never reads anything but these files, so it can be regenerated with
 ``cpsgd-reproduce --report-only`` or ``python -m mxnet_cpsgd.repro.report OUT``.
+Its accuracy figures are drawn by :mod:`.report_figures`.
 """
 import argparse
 import glob
@@ -35,13 +36,14 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from .logs import load_runs, read_reproduce_meta
-from .summary import (FAILED_POINTS, Group, TeTcTable, setting_keys, setting_name,
+from .summary import (FAILED_POINTS, Group, TeTcTable,
                       accuracy_table, group_runs, k_sensitivity,
                       summarize_run, te_tc_tables)
-from .markdown import (accuracy_markdown, figure_name, findings, fmt_num, fmt_pct, md_table,
+from .markdown import (accuracy_markdown, findings, fmt_num, fmt_pct, md_table,
                        te_tc_markdown, te_tc_relative_markdown)
-from .plots import plot_curves, plot_iteration_bands, plot_k_sensitivity, plot_paired_bars
-from .paired import PairedDiff, chosen_differences, iteration_series, paired_differences
+from .plots import plot_k_sensitivity
+from .paired import PairedDiff, chosen_differences, paired_differences
+from .report_figures import accuracy_figures
 from .time_to_accuracy import time_to_accuracy_section
 from .measured_tta import measured_section
 from . import bench_report
@@ -85,15 +87,7 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     """
     out_dir = out_dir or root
     os.makedirs(out_dir, exist_ok=True)
-    # figures of an earlier report that this one may not write again
-    for stale in glob.glob(os.path.join(out_dir, "curves-*.png")) + \
-            glob.glob(os.path.join(out_dir, "k-sensitivity.png")) + \
-            glob.glob(os.path.join(out_dir, "bench-sweep-*.png")) + \
-            glob.glob(os.path.join(out_dir, "accuracy-*.png")) + \
-            glob.glob(os.path.join(out_dir, "paired-*.png")) + \
-            glob.glob(os.path.join(out_dir, "figure-*.png")) + \
-            glob.glob(os.path.join(out_dir, "time-to-accuracy.png")):
-        os.remove(stale)
+    _remove_stale_figures(out_dir)
     meta = read_reproduce_meta(root)
     runs = load_runs(root)
     bench_exps = bench_report.load(root, meta)
@@ -116,6 +110,70 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
         os.path.abspath(root))
 
     md: List[str] = ["# %s" % title, ""]
+    md += _how_produced(root, meta, runs, bench_exps, command)
+
+    if bench_exps:
+        bench_md, bench_figures = bench_report.markdown(bench_exps, out_dir, plots)
+        md += bench_md
+        figures += bench_figures
+    if not runs and bench_exps:
+        # a benchmark-only reproduction: no training logs to tabulate
+        notes = meta.get("notes")
+        if notes:
+            md += ["## Notes", "", str(notes).strip(), ""]
+        path, text = _write_markdown(md, out_dir, name)
+        return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
+
+    md += ["## Final accuracy", ""]
+    md += [accuracy_markdown(acc_rows, timing_only) if acc_rows
+           else "No run logged an epoch.", ""]
+    if timing_only:
+        md += ["Experiment(s) %s measure time only (their spec says `purpose: timing`): "
+               "their accuracies are not shown, compared, plotted or checked (they are "
+               "in their logs)." % ", ".join(sorted(timing_only)), ""]
+
+    md += _paired_sections(meta, acc_groups)
+    if meta.get("time_to_accuracy"):
+        md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
+                                       out_dir if plots else None)
+    if meta.get("measured_time_to_accuracy"):
+        md += measured_section(runs, meta["measured_time_to_accuracy"], bench_exps)
+    if plots:
+        figures += accuracy_figures(meta, acc_groups, out_dir, md)
+
+    md += _te_tc_section(tables, meta)
+
+    if ksens:
+        figures += _k_sensitivity_section(ksens, out_dir, plots, md)
+
+    md += ["## Automatic checks", ""]
+    md += (["- " + f for f in found] if found else ["Nothing to compare."]) + [""]
+
+    notes = meta.get("notes")
+    if notes:
+        md += ["## Notes", "", str(notes).strip(), ""]
+
+    md += runs_section(runs)
+    path, text = _write_markdown(md, out_dir, name)
+    return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
+
+
+def _remove_stale_figures(out_dir: str) -> None:
+    # figures of an earlier report that this one may not write again
+    for stale in glob.glob(os.path.join(out_dir, "curves-*.png")) + \
+            glob.glob(os.path.join(out_dir, "k-sensitivity.png")) + \
+            glob.glob(os.path.join(out_dir, "bench-sweep-*.png")) + \
+            glob.glob(os.path.join(out_dir, "accuracy-*.png")) + \
+            glob.glob(os.path.join(out_dir, "paired-*.png")) + \
+            glob.glob(os.path.join(out_dir, "figure-*.png")) + \
+            glob.glob(os.path.join(out_dir, "time-to-accuracy.png")):
+        os.remove(stale)
+
+
+def _how_produced(root: str, meta: Dict[str, object], runs, bench_exps,
+                  command: Optional[str]) -> List[str]:
+    """The description, the analysis, and how the runs and the report were made."""
+    md: List[str] = []
     if meta.get("description"):
         md += [str(meta["description"]).strip(), ""]
     # the hand-written reading of the results (claims against ours) comes first
@@ -141,31 +199,12 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "epoch time / communication time over the epochs after the first; runs that "
                "differ only by seed are averaged (`+-`: std over seeds). Accuracies in %. "
                "See docs/reproduce.md.", ""]
+    return md
 
 
-    if bench_exps:
-        bench_md, bench_figures = bench_report.markdown(bench_exps, out_dir, plots)
-        md += bench_md
-        figures += bench_figures
-    if not runs and bench_exps:
-        # a benchmark-only reproduction: no training logs to tabulate
-        notes = meta.get("notes")
-        if notes:
-            md += ["## Notes", "", str(notes).strip(), ""]
-        text = "\n".join(md).rstrip() + "\n"
-        path = os.path.join(out_dir, name)
-        with open(path, "w") as f:
-            f.write(text)
-        return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
-
-    md += ["## Final accuracy", ""]
-    md += [accuracy_markdown(acc_rows, timing_only) if acc_rows
-           else "No run logged an epoch.", ""]
-    if timing_only:
-        md += ["Experiment(s) %s measure time only (their spec says `purpose: timing`): "
-               "their accuracies are not shown, compared, plotted or checked (they are "
-               "in their logs)." % ", ".join(sorted(timing_only)), ""]
-
+def _paired_sections(meta: Dict[str, object], acc_groups: List[Group]) -> List[str]:
+    """Seed-paired differences to S-SGD, and between the runs the spec compares."""
+    md: List[str] = []
     margin = meta.get("equivalence_margin")
     min_seeds = min_seeds_by_experiment(meta)
     pairs = [d for d in paired_differences(acc_groups, also_base=True) if d.n]
@@ -190,43 +229,11 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
                "(more than %.0f points below the best seed of its label) a second row "
                "leaves those seeds out." % FAILED_POINTS, ""]
         md += [paired_markdown(chosen, margin, min_seeds), ""]
-    if meta.get("time_to_accuracy"):
-        md += time_to_accuracy_section(acc_groups, meta["time_to_accuracy"],
-                                       out_dir if plots else None)
-    if meta.get("measured_time_to_accuracy"):
-        md += measured_section(runs, meta["measured_time_to_accuracy"], bench_exps)
-    settings = setting_keys(acc_groups)
-    if plots and meta.get("figures"):
-        figures += _spec_figures(meta["figures"], acc_groups, out_dir, md)
-    if plots:
-        for exp in dict.fromkeys(g.experiment for g in acc_groups):
-            figures += _band_figures([g for g in acc_groups if g.experiment == exp], exp,
-                                     out_dir, md)
-            # the bars: each label against its own reference only
-            exp_pairs = [d for d in paired_differences(acc_groups) if d.n and
-                         d.experiment == exp]
-            if exp_pairs and any(g.epochs > 1 for g in acc_groups if g.experiment == exp):
-                fname = "paired-%s.png" % _file_part(exp)
-                plot_paired_bars(exp_pairs, os.path.join(out_dir, fname),
-                                 "%s: final accuracy minus S-SGD's, seed-paired "
-                                 "(bars: 95 %% interval; dots: seeds)" % exp)
-                figures.append(fname)
-                md += ["![paired differences to S-SGD, %s](%s)" % (exp, fname), ""]
-        md += ["## Accuracy curves", ""]
-        for exp, m, rate in settings:
-            gs = [g for g in acc_groups
-                  if (g.experiment, g.num_workers, g.rate) == (exp, m, rate)]
-            if max(g.epochs for g in gs) < 2:
-                md += ["%s: one epoch per run, no curve." % setting_name(exp, m, rate), ""]
-                continue
-            fname = figure_name("curves", exp, m, rate)
-            plot_curves(gs, os.path.join(out_dir, fname),
-                        "%s, M=%d, %s" % (exp, m, rate or "loopback"))
-            figures.append(fname)
-            md += ["![validation accuracy vs epoch, %s](%s)" % (
-                setting_name(exp, m, rate), fname), ""]
+    return md
 
-    md += ["## Epoch time Te and communication time Tc (seconds, paper layout)", ""]
+
+def _te_tc_section(tables: List[TeTcTable], meta: Dict[str, object]) -> List[str]:
+    md = ["## Epoch time Te and communication time Tc (seconds, paper layout)", ""]
     for t in tables:
         md += ["### %s, %s" % (t.experiment, t.rate or "loopback (no shaping)"), ""]
         md += [te_tc_markdown(t), ""]
@@ -240,120 +247,37 @@ def generate(root: str, out_dir: Optional[str] = None, name: str = "report.md",
     if meta.get("reference_te_tc"):
         md += ["### Published (the paper's table, for comparison)", ""]
         md += [reference_markdown(meta["reference_te_tc"]), ""]
+    return md
 
-    if ksens:
-        md += ["## Sensitivity to the correction period k", ""]
-        rows = []
-        for e in ksens:
-            for k, acc, te in zip(e["k"], e["final_val_acc"], e["te"]):
-                rows.append([e["experiment"], e["num_workers"], e["rate"] or "loopback", k,
-                             fmt_pct(acc), fmt_num(te)])
-        md += [md_table(["experiment", "M", "network", "k", "final val acc %", "Te (s)"],
-                        rows, ["l", "r", "l", "r", "r", "r"]), ""]
-        if plots and any(e["k"] for e in ksens):
-            fname = "k-sensitivity.png"
-            plot_k_sensitivity(ksens, os.path.join(out_dir, fname))
-            figures.append(fname)
-            md += ["![final accuracy and epoch time vs k](%s)" % fname, ""]
 
-    md += ["## Automatic checks", ""]
-    md += (["- " + f for f in found] if found else ["Nothing to compare."]) + [""]
+def _k_sensitivity_section(ksens: List[Dict[str, object]], out_dir: str, plots: bool,
+                           md: List[str]) -> List[str]:
+    """The table (and plot) of accuracy and epoch time against k; appends to
+    ``md``, returns the figure's file name if one was written."""
+    figures: List[str] = []
+    md += ["## Sensitivity to the correction period k", ""]
+    rows = []
+    for e in ksens:
+        for k, acc, te in zip(e["k"], e["final_val_acc"], e["te"]):
+            rows.append([e["experiment"], e["num_workers"], e["rate"] or "loopback", k,
+                         fmt_pct(acc), fmt_num(te)])
+    md += [md_table(["experiment", "M", "network", "k", "final val acc %", "Te (s)"],
+                    rows, ["l", "r", "l", "r", "r", "r"]), ""]
+    if plots and any(e["k"] for e in ksens):
+        fname = "k-sensitivity.png"
+        plot_k_sensitivity(ksens, os.path.join(out_dir, fname))
+        figures.append(fname)
+        md += ["![final accuracy and epoch time vs k](%s)" % fname, ""]
+    return figures
 
-    notes = meta.get("notes")
-    if notes:
-        md += ["## Notes", "", str(notes).strip(), ""]
 
-    md += runs_section(runs)
+def _write_markdown(md: List[str], out_dir: str, name: str):
+    """Write the report; returns its path and text."""
     text = "\n".join(md).rstrip() + "\n"
     path = os.path.join(out_dir, name)
     with open(path, "w") as f:
         f.write(text)
-    return Report(path, text, figures, acc_rows, tables, ksens, found, bench_exps)
-
-
-def _file_part(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
-
-
-def _figure_labels(labels) -> List[tuple]:
-    """A figure's ``labels`` as ``[(shown name, run label)]``: a list whose items are
-    run labels or one-key mappings ``{shown name: run label}`` (in the order given),
-    or a mapping shown name -> run label."""
-    if isinstance(labels, dict):
-        labels = [{k: v} for k, v in labels.items()]
-    out = []
-    for item in labels:
-        if isinstance(item, dict):
-            out += [(str(k), str(v)) for k, v in item.items()]
-        else:
-            out.append((str(item), str(item)))
-    return out
-
-
-def _spec_figures(specs: Sequence[Dict[str, object]], groups: Sequence[Group],
-                  out_dir: str, md: List[str]) -> List[str]:
-    """The figures the spec asks for (``figures``): ``curves`` draws accuracy vs
-    iterations with one panel per listed experiment (a band over seeds per label,
-    the same colour for the same shown name in every panel); ``paired`` draws one bar
-    chart of the listed labels' seed-paired differences to S-SGD in one experiment.
-    Written as ``figure-<name>.png``; a label with no runs is left out."""
-    out, body = [], []
-    for fig in specs:
-        fname = "figure-%s.png" % _file_part(fig["name"])
-        title = fig.get("title") or fig["name"]
-        if fig["kind"] == "curves":
-            panels = []
-            for panel in fig["panels"]:
-                lines = []
-                for shown, label in _figure_labels(panel["labels"]):
-                    for g in groups:
-                        if (g.experiment, g.label) == (panel["experiment"], label):
-                            lines.append({"label": shown, "seeds": iteration_series(g)})
-                if lines:
-                    panels.append({"name": panel.get("title") or panel["experiment"],
-                                   "lines": lines})
-            if not panels or max(len(s) for p in panels for line in p["lines"]
-                                 for s in line["seeds"]) < 2:
-                continue
-            plot_iteration_bands(panels, os.path.join(out_dir, fname), title)
-        else:
-            wanted = [label for _, label in _figure_labels(fig["labels"])]
-            diffs = [d for d in paired_differences(groups)
-                     if d.n and d.experiment == fig["experiment"] and d.label in wanted]
-            if not diffs:
-                continue
-            diffs.sort(key=lambda d: wanted.index(d.label))
-            plot_paired_bars(diffs, os.path.join(out_dir, fname), title)
-        out.append(fname)
-        body += ["![%s](%s)" % (title, fname), ""]
-    if out:
-        md += ["## Summary figures", ""] + body
-    return out
-
-
-def _band_figures(groups: Sequence[Group], exp: str, out_dir: str,
-                  md: List[str]) -> List[str]:
-    """Accuracy vs iterations, one panel per M: the labels with several seeds
-    (``accuracy-seeds-EXP.png``) and every label (``accuracy-all-EXP.png``)."""
-    if not groups or max(g.epochs for g in groups) < 2:
-        return []
-    out = []
-    multi = [g for g in groups if len(g.runs) > 1]
-    for kind, gs in (("seeds", multi), ("all", groups)):
-        if not gs or (kind == "all" and len(gs) == len(multi)):
-            continue
-        ms = sorted({g.num_workers for g in gs})
-        panels = [{"name": "%s, M = %d" % (exp, m),
-                   "lines": [{"label": g.label, "seeds": iteration_series(g)}
-                             for g in gs if g.num_workers == m]} for m in ms]
-        fname = "accuracy-%s-%s.png" % (kind, _file_part(exp))
-        what = ("runs with several seeds (line: mean, band: range over seeds)"
-                if kind == "seeds" else "every run (band: range over seeds where several)")
-        plot_iteration_bands(panels, os.path.join(out_dir, fname),
-                             "%s: validation accuracy vs iterations, %s" % (exp, what))
-        out.append(fname)
-        md += ["![validation accuracy vs iterations, %s, %s](%s)" % (exp, kind, fname), ""]
-    return out
+    return path, text
 
 
 def min_seeds_by_experiment(meta: Dict[str, object]) -> Dict[Optional[str], int]:
@@ -429,15 +353,24 @@ def reference_markdown(ref: Dict[str, object]) -> str:
     return md_table([""] + columns, body)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mxnet_cpsgd.repro.report OUT [--out-dir DIR] [--name report.md]``."""
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mxnet_cpsgd.repro.report",
                                 description="Write the Markdown report of a reproduction's logs.")
     p.add_argument("root", help="output directory of cpsgd-reproduce (or any run tree)")
     p.add_argument("--out-dir", default=None, help="where to write (default: ROOT)")
-    p.add_argument("--name", default="report.md", help="Markdown file name")
-    p.add_argument("--title", default=None)
-    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--name", default="report.md",
+                   help="Markdown file name (default report.md)")
+    p.add_argument("--title", default=None,
+                   help="the report's heading (default: the title or name in "
+                        "ROOT/reproduce.json, else ROOT's name)")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="write no PNGs (the report without figures)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mxnet_cpsgd.repro.report OUT [--out-dir DIR] [--name report.md]``."""
+    p = _parser()
     args = p.parse_args(argv)
     if not os.path.isdir(args.root):
         p.error("no such directory: %s" % args.root)

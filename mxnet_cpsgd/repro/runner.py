@@ -410,9 +410,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", default=None,
                    help="output directory (default runs/<spec name>)")
     p.add_argument("--only", nargs="+", default=[], metavar="LABEL",
-                   help="run only these labels or run ids (shell patterns)")
+                   help="run only these labels or run ids (shell patterns; default: "
+                        "every run)")
     p.add_argument("--experiment", nargs="+", default=[], metavar="NAME",
-                   help="run only these experiments of the spec")
+                   help="run only these experiments of the spec (default: all of them)")
     p.add_argument("--force", action="store_true",
                    help="rerun selected runs from the beginning even if their logs "
                         "are complete or they could resume from a checkpoint")
@@ -422,8 +423,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not run anything: regenerate the report from the logs in OUT")
     p.add_argument("--if-no-emulation", choices=("fail", "skip", "unshaped"), default="fail",
                    help="runs with a network rate when emulation is unavailable "
-                        "(not root, no iproute2): fail them, skip them, or run them "
-                        "on plain loopback")
+                        "(not root, no iproute2): fail them (default), skip them, or "
+                        "run them on plain loopback")
     p.add_argument("--python", default=None,
                    help="interpreter of the workers (default: this one)")
     p.add_argument("--allow-dirty", action="store_true",

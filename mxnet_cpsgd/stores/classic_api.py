@@ -31,7 +31,7 @@ import os
 import mxnet as mx
 import numpy as np
 
-from .key_layout import GrowingKeyLayout, bigarray_bound
+from .key_layout import GrowingKeyLayout, KeyLayout, bigarray_bound
 
 #: optimizer-state elements per weight assumed for keys ``init``-ed before
 #: ``set_optimizer`` (2 covers SGD with momentum, NAG and Adam)
@@ -217,6 +217,7 @@ class ClassicCalls:
                                "call kv.init(key, value) for every parameter first")
         self._policy.set_keys({i: int(np.prod(s)) for i, s in self._layout.shapes.items()})
         mx.nd.waitall()
+        self._balance_classic_keys()
         self._server_opt_deferred = False
         self._send_server_optimizer()
         if self._mirrors:
@@ -233,6 +234,31 @@ class ClassicCalls:
                 for index in sorted(self._params):
                     self._register_mirrors(self._params[index])
         self._kv._barrier()  # every worker's servers run the new optimizer
+
+    def _balance_classic_keys(self):
+        """Move every classic key to the balanced layout a Trainer's store uses.
+
+        The keys were handed out in arrival order as ``init`` named them; now
+        that every parameter is known (and the optimizer's state size), rank 0
+        initialises the balanced layout's keys with the global weights this
+        worker holds (``glob``, pulled at init; nothing was pushed yet) and the
+        store uses only those from here on.  The servers keep the first keys'
+        weights, unused: one more copy of the model, without optimizer state.
+        """
+        num_servers = int(os.environ["DMLC_NUM_SERVER"])
+        if num_servers < 2 or isinstance(self._layout, KeyLayout):
+            return
+        layout = self._layout.balanced(num_servers, self._state_per_element,
+                                       bigarray_bound())
+        keys, values = [], []
+        for index in sorted(self._params):
+            param = self._params[index]
+            param.chunks = layout.chunks[index]
+            for key, part in param.parts(param.glob):
+                keys.append(key)
+                values.append(part)
+        self._kv.init(keys, values)  # collective: every worker, the same keys
+        self._layout = layout
 
     def _multipliers(self, optimizer, index):
         """(lr_mult, wd_mult) of a parameter, by MXNet's Optimizer rules."""

@@ -96,6 +96,20 @@ def _int_at_least(minimum):
     return check
 
 
+def _int_choice(*choices):
+    def check(name, value):
+        try:
+            ok = not isinstance(value, bool) and float(value) in choices
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or int(float(value)) != float(value):
+            raise ConfigError("%s must be %s, got %r"
+                              % (name, " or ".join(str(c) for c in choices), value))
+        return int(float(value))
+    check.choices = choices  # what a command line lists
+    return check
+
+
 def _compression_type(name, value):
     if value != "2bit":
         raise ConfigError("%s must be '2bit' (MXNet's 2-bit quantizer), got %r"
@@ -109,6 +123,8 @@ def _choice(*choices):
             raise ConfigError("%s must be one of %s, got %r"
                               % (name, ", ".join(repr(c) for c in choices), value))
         return value.lower()
+    check.choices = choices  # what a command line lists
+    check.ignores_case = True  # 'Staggered' is 'staggered'
     return check
 
 
@@ -124,6 +140,9 @@ def _correction_residual(name, value):
     return value
 
 
+_correction_residual.choices = CORRECTION_RESIDUAL
+
+
 # knob -> (validator, meaning); the defaults live with each algorithm's policy
 KNOBS = {
     "type": (_compression_type, "compression type; only '2bit'"),
@@ -136,6 +155,10 @@ KNOBS = {
                             "'staggered' (each parameter at "
                             "its own phase, about 1/correction_period of the bytes per "
                             "iteration)"),
+    "correction_delay": (_int_choice(0, 1),
+                         "cpsgd: 1 lets the correction round take two compute periods (the "
+                         "step after a correction builds on the worker's own weights); 0 "
+                         "the authors' rule"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
     "local_lr": (_positive_float,
@@ -189,6 +212,10 @@ class AlgorithmConfig:
             still every ``correction_period``-th iteration, at a phase of its own
             chosen so that each iteration corrects about 1/correction_period of
             the model's bytes) (``cpsgd``).
+        correction_delay: ``cpsgd``: 1 lets the correction round take two compute
+            periods (the step after a correction builds on the worker's own
+            weights, the next one on the newest global weights again); 0 (default)
+            the authors' rule.
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
@@ -228,6 +255,7 @@ class AlgorithmConfig:
     threshold: Optional[float] = None
     correction_period: Optional[int] = None
     correction_schedule: Optional[str] = None
+    correction_delay: Optional[int] = None
     warmup_steps: Optional[int] = None
     sync_period: Optional[int] = None
     local_lr: Optional[float] = None
@@ -313,7 +341,23 @@ def resolve(algorithm, defaults, params=None, environ=None):
         raise ConfigError("local_input=%r needs momentum_path='worker' (kvstore '%s' runs "
                           "momentum_path=%r)" % (settings["local_input"], algorithm,
                                                  settings.get("momentum_path")))
+    _check_correction_delay(settings, algorithm)
     return AlgorithmConfig(algorithm, **settings)
+
+
+def _check_correction_delay(settings, algorithm):
+    if not settings.get("correction_delay"):
+        return
+    clashes = []
+    if (settings.get("correction_period") or 0) < 2:
+        clashes.append("correction_period >= 2 (got %r)" % settings.get("correction_period"))
+    if settings.get("correction_schedule") == "staggered":
+        clashes.append("correction_schedule='aligned'")
+    if settings.get("momentum_path") == "worker":
+        clashes.append("momentum_path='server'")
+    if clashes:
+        raise ConfigError("correction_delay=1 (kvstore '%s') needs %s"
+                          % (algorithm, " and ".join(clashes)))
 
 
 __all__ = ["AlgorithmConfig", "ConfigError", "KNOBS", "resolve", "env_settings",

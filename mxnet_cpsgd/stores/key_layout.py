@@ -70,11 +70,13 @@ class KeyLayout:
         bound: MXNet's big-array bound.
         moving: indices of the parameters pushed and pulled every round (None:
             all); only their elements count towards a server's share.
+        key_base: with several servers, the smallest key the layout may use (a
+            multiple of ``num_servers``; keys below it are taken elsewhere).
     """
 
     def __init__(self, shapes: Dict[int, Tuple[int, ...]], num_servers: int,
                  state_per_element: float, bound: int,
-                 moving: Optional[Iterable[int]] = None):
+                 moving: Optional[Iterable[int]] = None, key_base: int = 0):
         self.limit = limit = chunk_limit(bound, state_per_element)
         self.shapes = dict(shapes)
         self.moving = frozenset(shapes if moving is None else moving)
@@ -95,7 +97,8 @@ class KeyLayout:
                 chunks.append(Chunk(index, 0, 0))
             self.chunks[index] = chunks
         if num_servers > 1:
-            self.chunks = balanced_keys(self.chunks, num_servers, moving=self.moving)
+            self.chunks = balanced_keys(self.chunks, num_servers, moving=self.moving,
+                                        key_base=key_base)
             next_key = max(c.key for chunks in self.chunks.values() for c in chunks) + 1
         # the mirror of k is k + mirror_base; a multiple of num_servers keeps both on one server
         self.mirror_base = -(-max(next_key, 1) // num_servers) * num_servers
@@ -126,10 +129,12 @@ class GrowingKeyLayout:
     """Chunks and mirror keys for parameters that arrive one at a time.
 
     The classic ``init`` calls and the Module API name their parameters one by one,
-    so the keys cannot be balanced over the servers in advance: chunk keys are
-    handed out in arrival order (MXNet's hash spreads consecutive keys over the
-    servers), and the mirrors start at a fixed base in the upper half of the key
-    space.  Every worker adds the same parameters in the same order, so every
+    so their keys cannot be balanced over the servers when they are initialised:
+    chunk keys are handed out in arrival order (MXNet's hash spreads consecutive
+    keys over the servers), and the mirrors start at a fixed base in the upper
+    half of the key space.  With several servers the store moves the parameters
+    to a balanced :class:`KeyLayout` above these keys (:meth:`balanced`) before
+    the first step.  Every worker adds the same parameters in the same order, so every
     worker derives the same keys.  Same attributes as :class:`KeyLayout`.
     """
 
@@ -156,6 +161,12 @@ class GrowingKeyLayout:
 
     def is_chunked(self, index):
         return len(self.chunks[index]) > 1
+
+    def balanced(self, num_servers: int, state_per_element: float, bound: int) -> KeyLayout:
+        """The same parameters in the balanced layout of a Trainer's store, with
+        keys above every key handed out here (every parameter moves)."""
+        base = -(-self._next_key // num_servers) * num_servers
+        return KeyLayout(self.shapes, num_servers, state_per_element, bound, key_base=base)
 
 
 def chunk_limit(bound, state_per_element):
@@ -215,7 +226,7 @@ SHARE_SLACK = 0.02
 
 def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int,
                   moving: Optional[Iterable[int]] = None,
-                  split: bool = True) -> Dict[int, List[Chunk]]:
+                  split: bool = True, key_base: int = 0) -> Dict[int, List[Chunk]]:
     """The same parameters in chunks whose keys spread the moving elements
     evenly over the servers.
 
@@ -233,7 +244,9 @@ def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int,
         num_servers: servers in the job (>= 1).
         moving: parameter indices whose elements count (None: all).
         split: cut chunks (False: place whole chunks only).
+        key_base: the smallest key handed out (a multiple of ``num_servers``).
     """
+    assert key_base % num_servers == 0, "key_base must keep MXNet's server of each key"
     moving = set(chunks if moving is None else moving)
     # 9973 is prime, so key -> key * 9973 mod S is a bijection on residues mod S
     residue = {server_of(r, num_servers): r for r in range(num_servers)}
@@ -258,7 +271,8 @@ def balanced_keys(chunks: Dict[int, List[Chunk]], num_servers: int,
             cut = min(capacity - load[server], weight - min_piece)
             heapq.heappush(queue, (-(weight - cut), index, start + cut, stop))
             stop, weight = start + cut, cut
-        placed[index].append(Chunk(residue[server] + num_servers * used[server], start, stop))
+        placed[index].append(Chunk(key_base + residue[server] + num_servers * used[server],
+                                   start, stop))
         used[server] += 1
         load[server] += weight
     return {index: sorted(cs, key=lambda c: c.start) for index, cs in placed.items()}

@@ -91,6 +91,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         self._pending = {}                # key -> recorded pushpull of the open step
         self._step_left = set()           # trainable keys the open step still waits for
         self._checked = set()             # keys whose gradient arrays were checked
+        self._own_sums = {}               # key -> summed gradient of FROM_LOCAL steps
         self._classic_setup()
 
     # ------------------------------------------------------------------ setup
@@ -397,15 +398,21 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         # 1. the summed gradient; a step that pushes nothing can use it in place
         sources = {}
         for key, param, grads, outs, priority, plan in items:
+            own = plan.local is Local.FROM_LOCAL and self._worker_momentum is None
             if len(grads) > 1:
+                total = self._own_sum(key, param) if own else param.send
                 mx.nd.add_n(*[g.as_in_context(param.send.context) for g in grads],
-                            out=param.send)
-                sources[key] = param.send
+                            out=total)
+                if total is not param.send and plan.push is not Push.NONE:
+                    total.copyto(param.send)
+                sources[key] = total
             elif plan.push is Push.NONE:
                 sources[key] = grads[0]
             else:
                 grads[0].copyto(param.send)
-                sources[key] = param.send
+                # a local step from the own weights must not wait for the key's last
+                # pull, which MXNet receives into send: it reads the gradient itself
+                sources[key] = grads[0] if own else param.send
         if self._worker_momentum is not None:  # push u, not g
             self._worker_momentum.accumulate(items, sources, self._rounds)
         # 2. local updates, one aggregated optimizer call per kind
@@ -447,6 +454,14 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
                 self._rounds[key] += 1
                 self._loaded_server_weights.pop(key, None)
             self._steps[key] += 1
+
+    def _own_sum(self, key, param):
+        """A buffer for the summed gradient that no pull writes (see _flush_step)."""
+        total = self._own_sums.get(key)
+        if total is None:
+            total = self._own_sums[key] = mx.nd.zeros(param.shape, ctx=param.send.context,
+                                                      dtype=param.send.dtype)
+        return total
 
     def _push_send(self, param, priority):
         """Push ``param.send`` (each chunk to its own key)."""

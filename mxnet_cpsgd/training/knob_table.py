@@ -89,14 +89,18 @@ def render():
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(
         description="Write the knob reference page (docs/knobs.md) from the stores' "
                     "definitions, or check that the committed page is up to date.")
     parser.add_argument("path", help="the page to write or check, e.g. docs/knobs.md")
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if the page differs from the code")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     text = render()
     if args.check:
         try:

@@ -188,6 +188,58 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
     if args.checkpoint_dir:
         check_writable(args.checkpoint_dir)
     resume = resume_wanted(args)
+    trainer, state = _trainer_and_state(args, net, train_data, ctx, kv, rank, num_workers,
+                                        opt_params, cparams, updates, step_bs, resume)
+
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
+                            append=resume)
+    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+    # a private copy for the logs: MXNet's schedulers are stateful, and with
+    # update_on_kvstore the worker's optimizer copy never advances
+    report_schedule = copy.deepcopy(scheduler)
+    result = RunResult(state=state)
+    stop = False
+    timed = TimedTraining(args, net, params, ctx, model_name, info.num_classes, info.shape,
+                          iters_per_epoch, rank, num_workers, resume=resume)
+    loop = _Loop(args, net, trainer, ctx, loss_fn, params, progress, step_bs, rank,
+                 num_workers, iters_per_epoch, timed, val_data)
+
+    while state.epoch < args.num_epochs and not stop:
+        epoch = state.epoch
+        done = _train_epoch(loop, train_data, state)
+        stop = done.stop
+        if not stop:  # the epoch is complete
+            state.epoch += 1
+            state.epoch_iteration = 0
+        if done.iterations == 0:
+            break
+        val_acc, val_loss, _ = timed.epoch_validation(state.iteration, epoch, lambda: evaluate(
+            net, val_data, ctx, loss_fn, progress))
+        record = _epoch_record(loop, epoch, done, val_acc, val_loss, state.iteration,
+                               _current_lr(report_schedule, state.iteration * updates,
+                                           args.lr), info.name, model_name)
+        writer.write(record)
+        result.records.append(record)
+        comm_text = "%.2fs" % done.comm if args.comm_timing else "n/a"
+        logger.info("[Epoch %d] train=%.4f val=%.4f loss=%.4f time=%.2fs comm=%s "
+                    "Speed: %.1f samples/sec%s", epoch, record["train_acc"], val_acc,
+                    record["train_loss"], done.time, comm_text,
+                    done.samples_per_sec(args.batch_size),
+                    "" if done.iterations == iters_per_epoch else
+                    " (%d of %d iterations)" % (done.iterations, iters_per_epoch))
+        if args.checkpoint_dir:
+            progress.report("save", state.iteration)
+            save_checkpoint(args.checkpoint_dir, net, trainer, state, rank, num_workers,
+                            args.algorithm)
+    result.state = state
+    return result
+
+
+def _trainer_and_state(args, net, train_data, ctx, kv, rank, num_workers, opt_params,
+                       cparams, updates, step_bs, resume):
+    """The Trainer, and the state to start from: a new one, or the checkpoint's
+    (then the loader skips the epochs done)."""
     meta = None
     if resume:
         meta = read_checkpoint(args.checkpoint_dir, num_workers, args.algorithm)
@@ -202,122 +254,135 @@ def train(args: argparse.Namespace, net: gluon.HybridBlock, train_data, val_data
             skip_epoch()  # the shuffle of epoch e depends on the epochs before it
         logger.info("resumed from %s: epoch %d, iteration %d (batch %d of the epoch)",
                     meta["path"], state.epoch, state.iteration, state.epoch_iteration)
+    return trainer, state
 
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    writer = EpochLogWriter(rank_path(args.log_json, rank), rank_path(args.log_csv, rank),
-                            append=resume)
-    params = [p for p in net.collect_params().values() if p.grad_req != "null"]
-    # a private copy for the logs: MXNet's schedulers are stateful, and with
-    # update_on_kvstore the worker's optimizer copy never advances
-    report_schedule = copy.deepcopy(scheduler)
-    result = RunResult(state=state)
-    stop = False
-    timed = TimedTraining(args, net, params, ctx, model_name, info.num_classes, info.shape,
-                          iters_per_epoch, rank, num_workers, resume=resume)
 
-    while state.epoch < args.num_epochs and not stop:
-        epoch = state.epoch
-        skip = state.epoch_iteration
-        metric = mx.metric.Accuracy()
-        loss_sum, loss_count, iterations, comm = 0.0, 0, 0, 0.0
-        tic = time.time()
-        btic = tic
-        validating0 = timed.validation_seconds
-        net_tx0 = _iface_tx_bytes(args)
-        for i, (data, label) in enumerate(train_data):
-            if i < skip:
-                continue  # resumed mid-epoch: these batches were done before
-            if i == skip and skip:
-                tic = btic = time.time()  # time only the batches run now
-            if args.max_iters is not None and state.iteration >= args.max_iters:
-                stop = True
-                break
-            datas = gluon.utils.split_and_load(data, ctx, even_split=False)
-            labels = gluon.utils.split_and_load(label, ctx, even_split=False)
-            timed.before_forward()
-            with autograd.record():
-                outputs = [net(x) for x in datas]
-                losses = [loss_fn(o, y) for o, y in zip(outputs, labels)]
-            autograd.backward(losses)
-            timed.after_backward()
-            if args.comm_timing:
-                for p in params:
-                    for g in p.list_grad():
-                        g.wait_to_read()
-                t_grad = time.time()
-            trainer.step(step_bs)
-            if args.comm_timing:
-                for p in params:
-                    for w in p.list_data():
-                        w.wait_to_read()
-                comm += time.time() - t_grad
-            metric.update(labels, outputs)
-            for l in losses:
-                loss_sum += float(l.sum().asscalar())
-                loss_count += l.shape[0]
-            iterations += 1
-            state.iteration += 1
-            state.epoch_iteration = i + 1
-            progress.report("train", state.iteration)
-            timed.after_iteration(state.iteration, epoch, i + 1, lambda: evaluate(
-                net, val_data, ctx, loss_fn, progress))
-            if (args.checkpoint_every and state.iteration % args.checkpoint_every == 0
-                    and i + 1 < iters_per_epoch
-                    and (args.max_iters is None or state.iteration < args.max_iters)):
-                # the epoch's end and --max-iters save below, after the evaluation
-                progress.report("save", state.iteration)
-                save_checkpoint(args.checkpoint_dir, net, trainer, state, rank,
-                                num_workers, args.algorithm)
-            if args.log_interval and iterations % args.log_interval == 0:
-                speed = args.log_interval * args.batch_size / max(time.time() - btic, 1e-9)
-                logger.info("[Epoch %d Batch %d] Speed: %.1f samples/sec train=%.4f loss=%.4f",
-                            epoch, i + 1, speed, metric.get()[1], loss_sum / max(loss_count, 1))
-                btic = time.time()
-        epoch_time = time.time() - tic - (timed.validation_seconds - validating0)
-        net_tx = _iface_tx_bytes(args)
-        if net_tx is not None and net_tx0 is not None and iterations:
-            logger.info("[Epoch %d] %s sent %d bytes during %d training iterations: "
-                        "%.0f bytes per iteration per worker (all %d workers on %s)",
-                        epoch, args.net_iface, net_tx - net_tx0, iterations,
-                        (net_tx - net_tx0) / float(iterations * num_workers), num_workers,
-                        args.net_iface)
-        if not stop:  # the epoch is complete
-            state.epoch += 1
-            state.epoch_iteration = 0
-        if iterations == 0:
+@dataclass
+class _Loop:
+    """What every iteration uses."""
+    args: argparse.Namespace
+    net: gluon.HybridBlock
+    trainer: gluon.Trainer
+    ctx: List[mx.Context]
+    loss_fn: gluon.loss.Loss
+    params: list  # the parameters with gradients
+    progress: ProgressReporter
+    step_bs: int
+    rank: int
+    num_workers: int
+    iters_per_epoch: int
+    timed: TimedTraining  # the emulated accelerator, validation every N iterations
+    val_data: object
+
+
+@dataclass
+class _EpochStats:
+    """What one pass over the training data measured."""
+    metric: mx.metric.EvalMetric
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    iterations: int = 0
+    comm: float = 0.0
+    time: float = 0.0
+    stop: bool = False  # --max-iters reached
+
+    def samples_per_sec(self, batch_size: int) -> float:
+        samples = self.iterations * batch_size
+        return samples / self.time if self.time > 0 else float("nan")
+
+
+def _train_epoch(loop: _Loop, train_data, state: TrainState) -> _EpochStats:
+    """The training iterations of epoch ``state.epoch`` (from a resumed batch on),
+    with checkpoints every --checkpoint-every iterations within it."""
+    args, net, trainer, ctx = loop.args, loop.net, loop.trainer, loop.ctx
+    epoch = state.epoch
+    skip = state.epoch_iteration
+    done = _EpochStats(metric=mx.metric.Accuracy())
+    tic = time.time()
+    btic = tic
+    validating0 = loop.timed.validation_seconds
+    net_tx0 = _iface_tx_bytes(args)
+    for i, (data, label) in enumerate(train_data):
+        if i < skip:
+            continue  # resumed mid-epoch: these batches were done before
+        if i == skip and skip:
+            tic = btic = time.time()  # time only the batches run now
+        if args.max_iters is not None and state.iteration >= args.max_iters:
+            done.stop = True
             break
-        val_acc, val_loss, _ = timed.epoch_validation(state.iteration, epoch, lambda: evaluate(
-            net, val_data, ctx, loss_fn, progress))
-        samples = iterations * args.batch_size
-        sps = samples / epoch_time if epoch_time > 0 else float("nan")
-        record = {
-            "algorithm": args.algorithm, "epoch": epoch, "rank": rank,
-            "num_workers": num_workers, "train_acc": metric.get()[1],
-            "train_loss": loss_sum / max(loss_count, 1), "val_acc": val_acc,
-            "val_loss": val_loss, "epoch_time": epoch_time,
-            "comm_time": comm if args.comm_timing else None,
-            "samples_per_sec": sps, "iterations": iterations,
-            "total_iterations": state.iteration,
-            "global_samples_per_sec": sps * num_workers,
-            "lr": _current_lr(report_schedule, state.iteration * updates, args.lr),
-            "dataset": info.name, "model": model_name, "batch_size": args.batch_size,
-        }
-        record.update(timed.epoch_fields())
-        record = {k: _json_number(v) for k, v in record.items()}
-        writer.write(record)
-        result.records.append(record)
-        comm_text = "%.2fs" % comm if args.comm_timing else "n/a"
-        logger.info("[Epoch %d] train=%.4f val=%.4f loss=%.4f time=%.2fs comm=%s "
-                    "Speed: %.1f samples/sec%s", epoch, record["train_acc"], val_acc,
-                    record["train_loss"], epoch_time, comm_text, sps,
-                    "" if iterations == iters_per_epoch else
-                    " (%d of %d iterations)" % (iterations, iters_per_epoch))
-        if args.checkpoint_dir:
-            progress.report("save", state.iteration)
-            save_checkpoint(args.checkpoint_dir, net, trainer, state, rank, num_workers,
-                            args.algorithm)
-    result.state = state
-    return result
+        datas = gluon.utils.split_and_load(data, ctx, even_split=False)
+        labels = gluon.utils.split_and_load(label, ctx, even_split=False)
+        loop.timed.before_forward()
+        with autograd.record():
+            outputs = [net(x) for x in datas]
+            losses = [loop.loss_fn(o, y) for o, y in zip(outputs, labels)]
+        autograd.backward(losses)
+        loop.timed.after_backward()
+        if args.comm_timing:
+            for p in loop.params:
+                for g in p.list_grad():
+                    g.wait_to_read()
+            t_grad = time.time()
+        trainer.step(loop.step_bs)
+        if args.comm_timing:
+            for p in loop.params:
+                for w in p.list_data():
+                    w.wait_to_read()
+            done.comm += time.time() - t_grad
+        done.metric.update(labels, outputs)
+        for l in losses:
+            done.loss_sum += float(l.sum().asscalar())
+            done.loss_count += l.shape[0]
+        done.iterations += 1
+        state.iteration += 1
+        state.epoch_iteration = i + 1
+        loop.progress.report("train", state.iteration)
+        loop.timed.after_iteration(state.iteration, epoch, i + 1, lambda: evaluate(
+            net, loop.val_data, ctx, loop.loss_fn, loop.progress))
+        if (args.checkpoint_every and state.iteration % args.checkpoint_every == 0
+                and i + 1 < loop.iters_per_epoch
+                and (args.max_iters is None or state.iteration < args.max_iters)):
+            # the epoch's end and --max-iters save below, after the evaluation
+            loop.progress.report("save", state.iteration)
+            save_checkpoint(args.checkpoint_dir, net, trainer, state, loop.rank,
+                            loop.num_workers, args.algorithm)
+        if args.log_interval and done.iterations % args.log_interval == 0:
+            speed = args.log_interval * args.batch_size / max(time.time() - btic, 1e-9)
+            logger.info("[Epoch %d Batch %d] Speed: %.1f samples/sec train=%.4f loss=%.4f",
+                        epoch, i + 1, speed, done.metric.get()[1],
+                        done.loss_sum / max(done.loss_count, 1))
+            btic = time.time()
+    done.time = time.time() - tic - (loop.timed.validation_seconds - validating0)
+    net_tx = _iface_tx_bytes(args)
+    if net_tx is not None and net_tx0 is not None and done.iterations:
+        logger.info("[Epoch %d] %s sent %d bytes during %d training iterations: "
+                    "%.0f bytes per iteration per worker (all %d workers on %s)",
+                    epoch, args.net_iface, net_tx - net_tx0, done.iterations,
+                    (net_tx - net_tx0) / float(done.iterations * loop.num_workers),
+                    loop.num_workers, args.net_iface)
+    return done
+
+
+def _epoch_record(loop: _Loop, epoch: int, done: _EpochStats, val_acc: float,
+                  val_loss: float, total_iterations: int, lr: float, dataset: str,
+                  model_name: str) -> Dict[str, object]:
+    """The epoch's log record (JSON numbers: NaN and infinities as None)."""
+    args, num_workers = loop.args, loop.num_workers
+    sps = done.samples_per_sec(args.batch_size)
+    record = {
+        "algorithm": args.algorithm, "epoch": epoch, "rank": loop.rank,
+        "num_workers": num_workers, "train_acc": done.metric.get()[1],
+        "train_loss": done.loss_sum / max(done.loss_count, 1), "val_acc": val_acc,
+        "val_loss": val_loss, "epoch_time": done.time,
+        "comm_time": done.comm if args.comm_timing else None,
+        "samples_per_sec": sps, "iterations": done.iterations,
+        "total_iterations": total_iterations,
+        "global_samples_per_sec": sps * num_workers,
+        "lr": lr,
+        "dataset": dataset, "model": model_name, "batch_size": args.batch_size,
+    }
+    record.update(loop.timed.epoch_fields())
+    return {k: _json_number(v) for k, v in record.items()}
 
 
 def _iface_tx_bytes(args) -> Optional[int]:

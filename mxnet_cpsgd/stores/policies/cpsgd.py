@@ -13,6 +13,10 @@ about 1/correction_period of the model's bytes at full precision instead of
 all of them every correction_period-th iteration.  ``'aligned'`` (default) is
 the authors' rule (every phase 0).
 
+``correction_delay=1`` gives the correction round two compute periods: the
+correction step pulls nothing and the step after it starts its local update
+from the worker's own weights (docs/algorithms/cpsgd.md).
+
 ``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
 
@@ -26,6 +30,10 @@ from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
 _CORRECTION = StepPlan(Push.DENSE, Pull.BACKGROUND, Local.FROM_GLOBAL)
 _COMPRESSED = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL)
+# correction_delay=1: the correction's weights are never a base, so nothing pulls them;
+# the step after it builds on the worker's own weights
+_CORRECTION_UNPULLED = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL)
+_AFTER_CORRECTION = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL)
 
 
 def staggered_phases(sizes, period):
@@ -58,7 +66,7 @@ class CPSGD(Policy):
     # unset means the Trainer's (the authors' 0 measured below S-SGD; local_momentum=0
     # restores it)
     defaults = {"type": "2bit", "threshold": 0.5, "correction_period": 5,
-                "correction_schedule": "aligned",
+                "correction_schedule": "aligned", "correction_delay": 0,
                 "warmup_steps": 1000, "local_lr": None, "local_momentum": None,
                 "local_optimizer": "sgd", "local_wd": 0.0, "momentum_path": "server",
                 "local_input": None}
@@ -86,6 +94,9 @@ class CPSGD(Policy):
         if self.in_warmup(step):
             return SYNC_SGD
         phase = self._phases.get(key, 0)
-        if (step + 1 - phase) % self.config.correction_period == 0:
-            return _CORRECTION
+        period, delay = self.config.correction_period, self.config.correction_delay
+        if (step + 1 - phase) % period == 0:
+            return _CORRECTION_UNPULLED if delay else _CORRECTION
+        if delay and (step - phase) % period == 0 and not self.in_warmup(step - 1):
+            return _AFTER_CORRECTION
         return _COMPRESSED

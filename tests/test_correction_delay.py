@@ -1,0 +1,131 @@
+"""cpsgd's ``correction_delay=1``: the correction round may take two compute periods.
+
+The rule (docs/algorithms/cpsgd.md, "Correction round over two periods"): the
+correction step pulls nothing, the step after it starts its local update from
+the worker's own weights, the step after that from the newest global weights.
+A real 2-worker job is checked step by step against tests/reference.py's
+independent float64 statement of it (teacher-forced, as in test_reference.py).
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (HERE, os.path.join(HERE, "workers")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import jobutil  # noqa: E402
+import reference as ref  # noqa: E402
+from jobutil import MOMENTUM, spec  # noqa: E402
+from test_reference import (CPSGD_KNOBS, assert_nontrivial_quantization,  # noqa: E402
+                            assert_reference_differs, check_against_reference)
+
+from mxnet_cpsgd.stores import config  # noqa: E402
+from mxnet_cpsgd.stores.policies import CPSGD  # noqa: E402
+from mxnet_cpsgd.stores.policies.base import Local, Pull, Push  # noqa: E402
+
+#: warm-up t = 0..3, corrections at t = 5, 8, 11, ...; local momentum set here so
+#: that the test does not depend on the store's default
+DELAY_KNOBS = dict(CPSGD_KNOBS, correction_delay=1, local_momentum=0.5)
+
+
+def _plans(knobs, steps):
+    policy = CPSGD(config.resolve("cpsgd", CPSGD.defaults, knobs, environ={}))
+    return [policy.plan(t, 0) for t in range(steps)]
+
+
+def test_plan_of_each_step():
+    """warm-up synchronous; the correction pulls nothing; the step after it builds
+    on the own weights and pulls; the others as without the knob."""
+    plans = _plans(DELAY_KNOBS, 12)
+    for t in range(4):
+        assert plans[t].pull is Pull.SYNC
+    for t in (5, 8, 11):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.DENSE, Pull.NONE, Local.FROM_GLOBAL), t
+    for t in (6, 9):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL), t
+    for t in (4, 7, 10):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL), t
+    # without the knob nothing changes: the correction pulls, nothing builds on L
+    plain = _plans(CPSGD_KNOBS, 12)
+    assert all(p.local is not Local.FROM_LOCAL for p in plain)
+    assert plain[5].pull is Pull.BACKGROUND
+
+
+def test_a_correction_on_the_last_warmup_step_is_not_delayed():
+    """warm-up 4, period 4: t = 3 is warm-up (synchronous), so t = 4 starts from W."""
+    plans = _plans(dict(DELAY_KNOBS, correction_period=4), 9)
+    assert plans[3].pull is Pull.SYNC
+    assert plans[4].local is Local.FROM_GLOBAL
+    assert plans[7].pull is Pull.NONE and plans[8].local is Local.FROM_LOCAL
+
+
+def test_bad_combinations_are_refused():
+    resolve = config.resolve
+    for bad in (2, -1, "x", 0.5, True):
+        with pytest.raises(config.ConfigError, match="correction_delay.*must be 0 or 1"):
+            resolve("cpsgd", CPSGD.defaults, {"correction_delay": bad}, environ={})
+    with pytest.raises(config.ConfigError, match="correction_period >= 2"):
+        resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1, "correction_period": 1},
+                environ={})
+    with pytest.raises(config.ConfigError, match="correction_schedule='aligned'"):
+        resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1,
+                                          "correction_schedule": "staggered"}, environ={})
+    with pytest.raises(config.ConfigError, match="momentum_path='server'"):
+        resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1, "momentum_path": "worker"},
+                environ={})
+    assert resolve("cpsgd", CPSGD.defaults, {}, environ={}).correction_delay == 0
+    assert resolve("cpsgd", CPSGD.defaults, {}, environ={"MXNET_CPSGD_CORRECTION_DELAY": "1"}
+                   ).correction_delay == 1
+    from mxnet_cpsgd.stores import catalog
+    accepting = [name for name, (_, d) in catalog.stores().items() if "correction_delay" in d]
+    assert accepting == ["cpsgd"]
+
+
+def test_reference_rule_by_hand():
+    """The reference itself, one worker, plain SGD: bases W, W, own, W, ..."""
+    w0 = {"p": np.array([1.0, -2.0])}
+    grads = [np.array([0.5, 0.25]) * (t + 1) for t in range(8)]
+    lr, warmup, k = 0.1, 2, 3  # corrections at t = 2, 5; delayed steps t = 3, 6
+    knobs = {"warmup_steps": warmup, "correction_period": k, "threshold": 1.0,
+             "correction_delay": 1}
+    traj = ref.simulate("cpsgd", w0, lambda i, t, w: {"p": grads[t]}, 1, 8, 1, lr,
+                        knobs=knobs)
+    W, L, q_res = w0["p"].copy(), None, np.zeros(2)
+    for t in range(8):
+        g = grads[t]
+        if t < warmup:
+            W = W - lr * g
+            L = W.copy()
+            continue
+        base = L if t in (3, 6) else W
+        L = base - lr * g  # M = 1: local lr = lr
+        if (t + 1) % k == 0:
+            push = g
+        else:
+            q_res = q_res + g
+            push = np.where(q_res >= 1.0, 1.0, np.where(q_res <= -1.0, -1.0, 0.0))
+            q_res = q_res - push
+        W = W - lr * push
+        np.testing.assert_allclose(traj.local[t + 1][0]["p"], L, rtol=1e-12)
+        np.testing.assert_allclose(traj.server[t + 1]["p"], W, rtol=1e-12)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_correction_delay_matches_reference(worker_job, devices):
+    """A real 2-worker job (the Trainer's momentum on the servers, local momentum
+    0.5) follows the reference step by step; the default rule does not."""
+    rec = jobutil.run_recording(worker_job, spec("cpsgd", DELAY_KNOBS, optimizer=MOMENTUM,
+                                                 iterations=20, devices=devices))
+    traj = check_against_reference(rec, "cpsgd", DELAY_KNOBS)
+    assert traj.push_kind[:4] == ["dense"] * 4
+    assert [t for t in range(4, 20) if traj.push_kind[t] == "dense"] == [5, 8, 11, 14, 17]
+    assert_nontrivial_quantization(traj)
+    assert_reference_differs(rec, "cpsgd", dict(DELAY_KNOBS, correction_delay=0),
+                             "the step after a correction must build on the own weights")
