@@ -121,6 +121,19 @@ class ClassicCalls:
                              % (self.policy_class.name, call, key, what, shape, dtype.name,
                                 tuple(param.shape), np.dtype(param.send.dtype).name))
 
+    def _check_step_arrays(self, index, key, param, grads, outs):
+        """A pushpull's arrays: the key's shape and dtype at every call (cheap; a
+        hand-written loop may pass other arrays each step), the storage and dtype
+        rules once per key (a Trainer's gradient arrays are fixed)."""
+        for g in grads:
+            self._check_like(key, g, param, "pushpull", "a gradient")
+        for o in outs:
+            self._check_like(key, o, param, "pushpull", "an output")
+        if index not in self._checked:
+            for g in grads:
+                self._check_array(index, g, "pushpull")
+            self._checked.add(index)
+
     def _index_of(self, key, call):
         """The store's index of a key that was initialised."""
         if not self._classic:

@@ -363,21 +363,13 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
 
     def _record(self, key, value, out, priority, shown_key=None):
         """Record a step of key (an index); ``shown_key`` is the caller's key, for errors."""
-        shown_key = key if shown_key is None else shown_key
         param = self._params.get(key)
         if param is None:
             raise RuntimeError("key %r was not initialised (broadcast) before pushpull" % (key,))
         grads = list(value) if isinstance(value, (list, tuple)) else [value]
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
-        for g in grads:  # cheap; a hand-written loop may pass other arrays each step
-            self._check_like(shown_key, g, param, "pushpull", "a gradient")
-        for o in outs:
-            self._check_like(shown_key, o, param, "pushpull", "an output")
-        if key not in self._checked:
-            # gradient arrays are fixed after the first step: check them once
-            for g in grads:
-                self._check_array(key, g, "pushpull")
-            self._checked.add(key)
+        self._check_step_arrays(key, key if shown_key is None else shown_key, param, grads,
+                                outs)
         if key in self._pushed:
             raise self._refuse("pushpull", "of key %r, which was pushed but not pulled"
                                % (key,), "pull it first")
