@@ -90,6 +90,18 @@ def stop_group(proc, wait):
         proc.wait(10)
 
 
+def kill_launched(proc, mark):
+    """A test's last teardown step for a launcher it started with ``start_new_session``
+    and ``MARK_VAR=mark`` in its environment: SIGKILL its process group, reap it, then
+    kill whatever process of the job still carries the mark (nodes in other sessions)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+    kill_marked(**{MARK_VAR: mark})
+
+
 def remove_networks_of(launcher_logs):
     """Remove what is left of the emulated networks that the launcher logs
     matching the glob ``launcher_logs`` name ("emulated network cpsgdXXXXX");

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ import uuid
 import numpy as np
 import pytest
 
-from procs import MARK_VAR, kill_marked, marked_processes
+from procs import MARK_VAR, kill_launched, kill_marked, marked_processes
 from reference import simulate
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -265,12 +264,7 @@ def test_mxlaunch_stops_the_job_when_a_worker_raises(python, mark, tmp_path):
         assert "Get nonzero return code" not in text  # no tracker traceback after it
         assert not marked_processes(mark), "nodes outlived the launcher"
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-        kill_marked(**{MARK_VAR: mark})
+        kill_launched(proc, mark)
 
 
 def _nightly(worker_job, store, case):

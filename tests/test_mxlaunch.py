@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from procs import MARK_VAR, kill_marked, marked_processes
+from procs import MARK_VAR, kill_launched, marked_processes
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(TESTS_DIR, "workers", "idle_worker.py")
@@ -77,9 +77,4 @@ def test_stopped_shim_stops_its_job(python, mark, tmp_path, how):
         left = marked_processes(mark)
         assert not left, "nodes outlived the shim:\n" + text[-3000:]
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-        kill_marked(**{MARK_VAR: mark})
+        kill_launched(proc, mark)

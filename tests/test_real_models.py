@@ -13,7 +13,6 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from procs import MARK_VAR, kill_marked, marked_processes, pid_alive
+from procs import MARK_VAR, kill_launched, marked_processes, pid_alive
 
 STORES = ["ssgd", "bitsgd", "asgd", "odsgd", "cpsgd", "ssdsgd", "localsgd"]
 #: every worker ends with the same weights in these stores
@@ -96,12 +95,7 @@ def test_tools_launch_raising_worker_exits(python, mark, tmp_path):
         assert not pid_alive(pid), "the raising worker still runs:\n" + text[-3000:]
         assert "ValueError: boom at iteration 5" in text, text[-3000:]
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-        kill_marked(**{MARK_VAR: mark})
+        kill_launched(proc, mark)
     assert not marked_processes(mark)
 
 

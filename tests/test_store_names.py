@@ -17,8 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
-import time
 
 import mxnet as mx
 import pytest
@@ -27,7 +25,7 @@ from mxnet import gluon
 import mxnet_cpsgd
 from mxnet_cpsgd.stores.registry import STORES
 from kvstore_ext import trainer_hook
-from procs import MARK_VAR, kill_marked, marked_processes
+from procs import MARK_VAR, kill_launched, marked_processes
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
@@ -150,10 +148,7 @@ def test_misspelt_name_ends_the_job_under_every_launcher(python, mark, tmp_path,
         if launcher != "tools/launch.py":  # which exits 0 whatever its nodes did
             assert proc.returncode != 0, text[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-        kill_marked(**{MARK_VAR: mark})
+        kill_launched(proc, mark)
 
 
 def _fit_logic(worker_job, name):
