@@ -10,7 +10,10 @@ Line format (one line, ASCII)::
 
     [cpsgd-progress] phase=<phase> step=<int>
 
-``phase`` is one of :data:`PHASES`: ``start`` (before the first step: loading
+``phase`` is one of :data:`PHASES`: ``connect`` (inside ``mx.kv.create`` with a
+distributed store's name: ps-lite waits there until every node of the job has
+registered with the scheduler; reported by :func:`install_connect_hook`, which
+reports an inferred ``start`` once the store exists), ``start`` (before the first step: loading
 data, building the model, the first step's graph), ``train`` (``step`` = steps
 completed), ``eval`` (an evaluation pass; ``step`` = batches evaluated in it),
 ``save`` (writing a checkpoint), ``exit`` (the script's main code is over;
@@ -31,7 +34,7 @@ from typing import IO, NamedTuple, Optional
 
 ENV = "MXNET_CPSGD_PROGRESS"
 PREFIX = "[cpsgd-progress] "
-PHASES = ("start", "train", "eval", "save", "exit")
+PHASES = ("connect", "start", "train", "eval", "save", "exit")
 #: the last word of a report inferred by the step hook
 INFERRED = "source=hook"
 
@@ -156,47 +159,105 @@ def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
             return
         steps[0] += 1
         reporter.report("train", steps[0])
-    sys.meta_path.insert(0, _StepFinder(on_step))
+    for name, target in STEP_METHODS.items():
+        sys.meta_path.insert(0, _PatchingFinder(
+            name, lambda module, target=target: _patch_step_method(module, target, on_step)))
     return True
 
 
-class _StepFinder:
-    """A meta path finder that patches the modules of STEP_METHODS as they load."""
+#: MXNet's store factory (``mx.kv.create``; ``mx.kvstore`` re-exports it after this
+#: module has run, so the patched function is the one every caller gets)
+CONNECT_FUNCTION = ("mxnet.kvstore.base", "create")
 
-    def __init__(self, on_step) -> None:
-        self._on_step = on_step
+
+def joins_job(name) -> bool:
+    """Whether ``mx.kv.create(name)`` joins a ps-lite job (a ``dist`` name)."""
+    return isinstance(name, str) and "dist" in name.lower()
+
+
+def install_connect_hook(reporter: Optional[ProgressReporter] = None,
+                         after: Optional[ProgressReporter] = None) -> bool:
+    """Make ``mx.kv.create`` report phase ``connect`` while it joins a job.
+
+    With a distributed name, MXNet's ``create`` blocks until every node of the
+    job has registered with the scheduler: forever when one cannot reach it
+    (a firewall, a wrong interface) or never started.  The report lets the
+    launcher bound that wait (``--connect-timeout``).  Once the store exists,
+    an inferred ``start`` follows, so that what comes next is judged as before
+    (the script's own reports, or the step hook's).
+
+    Returns:
+        Whether the hook was installed (only when :func:`wanted`).
+    """
+    reporter = reporter or ProgressReporter()
+    after = after or ProgressReporter(inferred=True)
+    if not reporter.enabled:
+        return False
+
+    def wrap(original):
+        def create(name="local"):
+            joining = joins_job(name)
+            if joining:
+                reporter.report("connect", 0)
+            store = original(name)
+            if joining:
+                after.report("start", 0)
+            return store
+        create.__doc__ = original.__doc__
+        create.__name__ = original.__name__
+        return create
+    module, function = CONNECT_FUNCTION
+    sys.meta_path.insert(0, _PatchingFinder(module, lambda loaded: _patch_function(
+        loaded, function, wrap)))
+    return True
+
+
+def _patch_function(module, function: str, wrap) -> None:
+    original = getattr(module, function, None)
+    if original is not None:
+        setattr(module, function, wrap(original))
+
+
+class _PatchingFinder:
+    """A meta path finder that calls ``patch(module)`` once ``name`` has run."""
+
+    def __init__(self, name: str, patch) -> None:
+        self._name, self._patch = name, patch
 
     def find_spec(self, name, path, target=None):
-        if name not in STEP_METHODS:
+        if name != self._name:
             return None
         import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader, STEP_METHODS[name], self._on_step)
+            spec.loader = _ThenPatch(spec.loader, self._patch)
         return spec
 
 
-class _PatchingLoader:
-    """Runs the module as its own loader would, then wraps the step method."""
+class _ThenPatch:
+    """Runs the module as its own loader would, then patches it."""
 
-    def __init__(self, loader, target, on_step) -> None:
-        self._loader, self._target, self._on_step = loader, target, on_step
+    def __init__(self, loader, patch) -> None:
+        self._loader, self._patch = loader, patch
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._loader.exec_module(module)
-        cls = getattr(module, self._target[0], None)
-        original = getattr(cls, self._target[1], None)
-        if original is None:
-            return
-        on_step = self._on_step
+        self._patch(module)
 
-        def step_method(self, *args, **kwargs):
-            result = original(self, *args, **kwargs)
-            on_step()
-            return result
-        step_method.__wrapped__ = original
-        step_method.__name__ = original.__name__
-        setattr(cls, self._target[1], step_method)
+
+def _patch_step_method(module, target, on_step) -> None:
+    cls = getattr(module, target[0], None)
+    original = getattr(cls, target[1], None)
+    if original is None:
+        return
+
+    def step_method(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        on_step()
+        return result
+    step_method.__wrapped__ = original
+    step_method.__name__ = original.__name__
+    setattr(cls, target[1], step_method)

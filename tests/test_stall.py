@@ -244,6 +244,7 @@ def test_no_restart_after_the_job_timeout(mark):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(stall_timeout=-1), "stall timeout must be >= 0"),
     (dict(max_restarts=-1), "max restarts must be an integer >= 0"),
+    (dict(connect_timeout=-1), "connect timeout must be >= 0"),
     (dict(env={"MXNET_CPSGD_RESTART": "1"}), "MXNET_CPSGD_RESTART is set by the launcher"),
 ])
 def test_bad_stall_and_restart_input(kwargs, message):
@@ -306,6 +307,41 @@ def test_unchanged_gluon_script_reports_its_steps(tmp_path, mark):
     assert re.match(r"^worker 1 made no progress for \d+\.\d s: its process is stopped "
                     r"\(state T\) \(last report: phase train step \d+, \d+\.\d s ago\); "
                     r"stopping the job$", result.failure), result.failure
+    assert "[cpsgd-progress]" not in result.output
+    assert marked_processes(mark) == []
+
+
+# Every worker points ps-lite at a port where no scheduler listens, as a firewall
+# or the wrong interface would: MXNet's mx.kv.create then waits forever.
+UNREACHABLE_SCHEDULER = r"""
+import os, socket
+probe = socket.socket()
+probe.bind(("127.0.0.1", 0))
+os.environ["DMLC_PS_ROOT_PORT"] = str(probe.getsockname()[1])
+probe.close()
+import mxnet as mx
+print("joining", flush=True)
+kv = mx.kv.create("dist_sync")
+print("joined", flush=True)
+"""
+
+
+def test_workers_that_cannot_reach_the_scheduler_end_the_job(tmp_path, mark):
+    """The workers wait in mx.kv.create (phase connect, reported by the
+    launcher's worker site): after --connect-timeout the job ends naming them,
+    nothing left; the stall timeout alone would not end it (no report but
+    connect's)."""
+    started = time.monotonic()
+    result = run_job(script(tmp_path, "unreachable.py", UNREACHABLE_SCHEDULER), 2, 1,
+                     env=node_env(mark), stream=None, timeout=10, job_timeout=150,
+                     stall_timeout=1, connect_timeout=6)
+    took = time.monotonic() - started
+    print("unreachable scheduler: job ended after %.1f s (connect timeout 6 s)" % took)
+    assert result.returncode == 1, result.output[-3000:]
+    assert re.match(r"^worker \d(, worker \d)* waited \d+\.\d s in mx\.kv\.create for the "
+                    r"job's other nodes to register with the scheduler \(.*--connect-timeout "
+                    r"sets the wait\); stopping the job$", result.failure), result.failure
+    assert "[worker 0] joining" in result.output and "joined" not in result.output
     assert "[cpsgd-progress]" not in result.output
     assert marked_processes(mark) == []
 

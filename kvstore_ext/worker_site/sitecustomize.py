@@ -4,7 +4,8 @@ The launcher puts this folder first on the workers' PYTHONPATH so that a
 worker dies promptly of an uncaught exception whatever store its script uses
 (see ../exit_on_error.py), even one that never imports mxnet_cpsgd, and so
 that the steps of a gluon.Trainer or Module report progress to the launcher's
-stall detection (../progress.py, install_step_hook).  Then it steps aside: the folder leaves sys.path and any other sitecustomize on the
+stall detection (../progress.py, install_step_hook), and a worker waiting in
+mx.kv.create for the job's other nodes says so (install_connect_hook).  Then it steps aside: the folder leaves sys.path and any other sitecustomize on the
 path is imported as usual.
 """
 import importlib.machinery
@@ -30,6 +31,7 @@ try:  # progress reports of an unchanged script's steps (see ../progress.py); be
     _progress = _load("progress")
     _progress.install_exit_report()
     _progress.install_step_hook()
+    _progress.install_connect_hook()
 except Exception:  # noqa: BLE001 - never keep a worker from starting
     pass
 

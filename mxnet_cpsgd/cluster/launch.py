@@ -46,7 +46,7 @@ from mxnet_cpsgd.cluster.nodes import (RESERVED_ENV, RESTART_ENV,  # noqa: F401
                                        WORKER_INDEX_ENV, WORKER_SITE_DIR, LaunchError,
                                        describe_exit, free_port)
 from mxnet_cpsgd.cluster.launch_options import build_parser
-from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S
+from mxnet_cpsgd.cluster.stall import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S
 from mxnet_cpsgd.cluster.supervise import Job, Output
 
 # the names these functions had before the launcher was split into modules
@@ -109,7 +109,8 @@ def _check_reserved(env: Mapping[str, str]) -> None:
 def _validate(command: List[str], num_workers: int, num_servers: int, timeout: float,
               job_timeout: Optional[float], port: Optional[int],
               env: Mapping[str, str], stall_timeout: Optional[float] = None,
-              max_restarts: int = 0, host_wait: float = 0.0) -> None:
+              max_restarts: int = 0, host_wait: float = 0.0,
+              connect_timeout: Optional[float] = None) -> None:
     if not command:
         raise LaunchError("no command given for the workers (put it after --)")
     if shutil.which(command[0]) is None:
@@ -125,6 +126,9 @@ def _validate(command: List[str], num_workers: int, num_servers: int, timeout: f
     if stall_timeout is not None and not stall_timeout >= 0:
         raise LaunchError("stall timeout must be >= 0 seconds (0: off), got %r"
                           % (stall_timeout,))
+    if connect_timeout is not None and not connect_timeout >= 0:
+        raise LaunchError("connect timeout must be >= 0 seconds (0: no limit), got %r"
+                          % (connect_timeout,))
     if not host_wait >= 0:
         raise LaunchError("host wait must be >= 0 seconds, got %r" % (host_wait,))
     if not isinstance(max_restarts, int) or max_restarts < 0:
@@ -159,7 +163,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             cluster: Optional[engines.Cluster] = None,
             placement: str = "separate", allreduce: bool = False,
             stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
-            max_restarts: int = 0, host_wait: float = 0.0) -> JobResult:
+            max_restarts: int = 0, host_wait: float = 0.0,
+            connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT_S) -> JobResult:
     """Run one job and wait until it ended and all its processes are gone.
 
     Args:
@@ -180,10 +185,9 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         port: the scheduler's port (default: a free one).
         handle_signals: when called from the main thread, turn SIGINT, SIGTERM
             and SIGHUP into a teardown (returncode 128+N) while the job runs.
-        cluster: run on the hosts of this :class:`ssh.Cluster` over ssh
-            (``-H HOSTFILE``), or on the nodes of this
-            :class:`slurm.SlurmCluster` with srun, or of this
-            :class:`mpi.MpiCluster` with mpirun, instead of on this machine.
+        cluster: run on the hosts of this :class:`ssh.Cluster` over ssh (``-H``),
+            or on the nodes of this :class:`slurm.SlurmCluster` with srun, or of
+            this :class:`mpi.MpiCluster` with mpirun, instead of on this machine.
             Every host is checked first; one that cannot be used ends the job (returncode
             1, ``failure`` naming it) before any node starts.
         placement: with ``emulate_network``, ``'separate'`` (every node on its
@@ -194,8 +198,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             service on host 0 and the HOROVOD_* variables of horovodrun's Gloo
             launcher for every worker (each worker in its own UTS namespace
             named after its host's address when the network is emulated).
-        stall_timeout: seconds without progress after which a node counts as
-            stalled and the job fails (see :mod:`.stall`); 0 or None: off.
+        stall_timeout: seconds without progress that make a node stalled, the
+            job failed (see :mod:`.stall`); 0 or None: off.
         max_restarts: after a failure of a started job (a node that died,
             failed or stalled), tear it down and start it again, at most this
             many times, with ``MXNET_CPSGD_RESTART`` = the restart count in
@@ -205,6 +209,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
             after a failure (or at the restart's check) is tried again for up
             to this many seconds, its leftover processes killed once it
             answers, before the job is restarted; 0: the job ends at once.
+        connect_timeout: seconds the workers may wait in ``mx.kv.create`` for the
+            other nodes (with the stall watch on); 0 or None: no limit.
 
     Returns:
         The :class:`JobResult` (of the last attempt; ``restarts`` says how
@@ -217,7 +223,7 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     env = dict(env or {})
     _validate(argv, num_workers, num_servers, timeout, job_timeout, port, env,
-              stall_timeout, max_restarts, host_wait)
+              stall_timeout, max_restarts, host_wait, connect_timeout)
     if cluster is not None:  # workers within the tasks or slots, before anything starts
         engines.check_capacity(cluster, num_workers)
     spec = netem.parse_spec(emulate_network) if emulate_network else None
@@ -237,7 +243,8 @@ def run_job(command: Union[str, Sequence[str]], num_workers: int, num_servers: i
         return _Attempt(argv, num_workers, num_servers, attempt_env, timeout,
                         job_timeout, deadline, stall_timeout, out, port, cluster,
                         placement, allreduce, spec, emulate_network, interrupt,
-                        first=first, host_wait=attempt_host_wait)
+                        first=first, host_wait=attempt_host_wait,
+                        connect_timeout=connect_timeout)
 
     try:
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -299,6 +306,8 @@ class _Attempt:
     host_wait: float = 0.0
     #: whether a failure of this attempt may be answered by a restart
     restartable: bool = False
+    #: seconds the workers may wait in mx.kv.create (None: no limit); see run_job
+    connect_timeout: Optional[float] = None
 
     def run(self) -> JobResult:
         out, cluster, timeout = self.out, self.cluster, self.timeout
@@ -316,7 +325,7 @@ class _Attempt:
         heartbeat: Optional[ssh.Heartbeat] = None
         network: Optional[netem.EmulatedNetwork] = None
         job = Job([], out, timeout, self.job_timeout, self.stall_timeout or None,
-                  deadline=self.deadline)
+                  deadline=self.deadline, connect_timeout=self.connect_timeout)
         job.signal_received = self.interrupt.signum
         self.interrupt.job = job
         try:
@@ -422,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          stream=sys.stdout, port=args.port, cluster=cluster,
                          stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
                          allreduce=args.allreduce, host_wait=args.host_wait,
-                         placement=args.placement)
+                         placement=args.placement, connect_timeout=args.connect_timeout)
     except (LaunchError, netem.NetemError, ssh.HostError) as err:
         parser.error(str(err))
     return result.returncode

@@ -5,7 +5,8 @@ checks their combinations and runs the job.
 import argparse
 
 from mxnet_cpsgd.cluster import engines
-from mxnet_cpsgd.cluster.stall import DEFAULT_STALL_TIMEOUT_S, LONG_PHASE_FACTOR
+from mxnet_cpsgd.cluster.stall import (DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S,
+                                       LONG_PHASE_FACTOR)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,23 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default=None,
                         help="also write one log file per node here (default: none, "
                              "output only printed)")
-    parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
-                        metavar="SECONDS",
-                        help="end the job when a node makes no progress for this long: "
-                             "its process stopped (state T), or no worker reporting "
-                             "progress (phases start, eval and save may take %d times as "
-                             "long); 0: off (default %g)" % (LONG_PHASE_FACTOR,
-                                                             DEFAULT_STALL_TIMEOUT_S))
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="after a node died, failed or stalled, stop the whole job and "
-                             "start it again, at most N times; every node then gets "
-                             "MXNET_CPSGD_RESTART=<restart count> (default 0)")
-    parser.add_argument("--host-wait", type=float, default=0.0, metavar="SECONDS",
-                        help="with --max-restarts: a host that cannot be reached after a "
-                             "failure is tried again for up to SECONDS, its leftover "
-                             "processes killed once it answers, and the job restarted; "
-                             "if it never answers the job ends naming it (default 0: "
-                             "end at once)")
+    _add_failure_options(parser)
     engines.add_arguments(parser)
     hosts = parser.add_argument_group(
         "several machines (over ssh)",
@@ -103,3 +88,31 @@ def build_parser() -> argparse.ArgumentParser:
                             "(tar over ssh) and run there (default: run in the current "
                             "directory's path on every host)")
     return parser
+
+
+def _add_failure_options(parser: argparse.ArgumentParser) -> None:
+    """Options for nodes that stall, never join or fail: when the job ends, and
+    whether it starts again."""
+    parser.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="end the job when a node makes no progress for this long: "
+                             "its process stopped (state T), or no worker reporting "
+                             "progress (phases start, eval and save may take %d times as "
+                             "long); 0: off (default %g)" % (LONG_PHASE_FACTOR,
+                                                             DEFAULT_STALL_TIMEOUT_S))
+    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                        metavar="SECONDS",
+                        help="end the job when its workers wait this long in mx.kv.create "
+                             "for the other nodes to register with the scheduler (one that "
+                             "cannot reach it, or never started); with the stall watch on; "
+                             "0: no limit (default %g)" % DEFAULT_CONNECT_TIMEOUT_S)
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="after a node died, failed or stalled, stop the whole job and "
+                             "start it again, at most N times; every node then gets "
+                             "MXNET_CPSGD_RESTART=<restart count> (default 0)")
+    parser.add_argument("--host-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="with --max-restarts: a host that cannot be reached after a "
+                             "failure is tried again for up to SECONDS, its leftover "
+                             "processes killed once it answers, and the job restarted; "
+                             "if it never answers the job ends naming it (default 0: "
+                             "end at once)")

@@ -51,6 +51,8 @@ LONG_PHASE_FACTOR = 4
 SLOW_STEP_FACTOR = 3
 #: the stall timeout when none is given (seconds)
 DEFAULT_STALL_TIMEOUT_S = 30.0
+#: seconds a worker may wait in mx.kv.create for the others when none is given
+DEFAULT_CONNECT_TIMEOUT_S = 300.0
 #: how often process states are read (seconds)
 SAMPLE_S = 0.25
 #: a longer gap between two checks means the launcher itself did not run
@@ -76,12 +78,16 @@ def process_state(node: Node) -> Tuple[Optional[str], Optional[float]]:
     return (stat.state, stat.cpu_s) if stat is not None else (None, None)
 
 
-def allowance(node: Node, stall_timeout: float) -> float:
+def allowance(node: Node, stall_timeout: float,
+              connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT_S) -> float:
     """Seconds the worker may be silent in its current phase: ``train`` the
     stall timeout, or :data:`SLOW_STEP_FACTOR` times the longest gap between
     two train reports seen so far if that is longer (slow steps on a slow
-    network); the other phases :data:`LONG_PHASE_FACTOR` times the timeout."""
+    network); ``connect`` the connect timeout (None: no limit); the other
+    phases :data:`LONG_PHASE_FACTOR` times the stall timeout."""
     phase = node.last_report.phase if node.last_report else "start"
+    if phase == "connect":
+        return float("inf") if not connect_timeout else connect_timeout
     if phase == "train":
         return max(stall_timeout, SLOW_STEP_FACTOR * node.longest_train_gap)
     return LONG_PHASE_FACTOR * stall_timeout
@@ -101,11 +107,15 @@ class StallWatch:
     Args:
         nodes: the job's nodes (those that have exited are skipped).
         stall_timeout: seconds (> 0).
+        connect_timeout: seconds the workers may wait in ``mx.kv.create``
+            for the job's other nodes (0 or None: no limit).
     """
 
-    def __init__(self, nodes: List[Node], stall_timeout: float) -> None:
+    def __init__(self, nodes: List[Node], stall_timeout: float,
+                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.nodes = nodes
         self.stall_timeout = stall_timeout
+        self.connect_timeout = connect_timeout
         self._states: Dict[str, Optional[str]] = {}
         #: node name -> (time, CPU seconds) samples of the last stall_timeout
         self._cpu: Dict[str, List[Tuple[float, float]]] = {}
@@ -150,9 +160,12 @@ class StallWatch:
                 return self._stopped_line(node, now - since, now)
         reporting = [n for n in running if n.role == "worker" and n.last_report_at is not None
                      and not n.last_report_inferred and n.last_report.phase != "exit"]
-        if not reporting or any(now - self._silent_since(n) <= allowance(n, self.stall_timeout)
+        if not reporting or any(now - self._silent_since(n)
+                                <= allowance(n, self.stall_timeout, self.connect_timeout)
                                 for n in reporting):
             return None
+        if all(n.last_report.phase == "connect" for n in reporting):
+            return self._connect_line(reporting, now)
         return self._silent_line(reporting, now)
 
     def _silent_since(self, node: Node) -> float:
@@ -164,6 +177,14 @@ class StallWatch:
         if node.role == "worker":
             line += " (%s)" % last_did(node, now)
         return line + "; stopping the job"
+
+    def _connect_line(self, reporting: List[Node], now: float) -> str:
+        waited = now - max(self._silent_since(n) for n in reporting)
+        names = ", ".join(n.name for n in reporting)
+        return ("%s waited %.1f s in mx.kv.create for the job's other nodes to register "
+                "with the scheduler (one cannot reach it: a firewall or the wrong network "
+                "interface, or a node never started; --connect-timeout sets the wait); "
+                "stopping the job" % (names, waited))
 
     def _silent_line(self, reporting: List[Node], now: float) -> str:
         silent = now - max(self._silent_since(n) for n in reporting)

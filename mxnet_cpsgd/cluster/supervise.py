@@ -178,7 +178,8 @@ class Job:
 
     def __init__(self, nodes: List[Node], output: Output, timeout: float,
                  job_timeout: Optional[float], stall_timeout: Optional[float] = None,
-                 deadline: Optional[float] = None) -> None:
+                 deadline: Optional[float] = None,
+                 connect_timeout: Optional[float] = None) -> None:
         self.nodes = nodes
         self.out = output
         self.timeout = timeout
@@ -188,6 +189,8 @@ class Job:
         self.timed_out = False
         #: seconds without progress that make a node stalled (None: not watched)
         self.stall_timeout = stall_timeout
+        #: seconds the workers may wait in mx.kv.create (None: no limit)
+        self.connect_timeout = connect_timeout
         self.signal_received: Optional[int] = None
         self.wakeup = threading.Event()
         #: when monitor() noticed the end (failure, signal, last worker exit)
@@ -256,7 +259,8 @@ class Job:
         deadline = self.deadline
         if deadline is None and self.job_timeout is not None:
             deadline = time.monotonic() + self.job_timeout
-        stall = StallWatch(self.nodes, self.stall_timeout) if self.stall_timeout else None
+        stall = (StallWatch(self.nodes, self.stall_timeout, self.connect_timeout)
+                 if self.stall_timeout else None)
         workers = [n for n in self.nodes if n.role == "worker"]
         others = [n for n in self.nodes if n.role != "worker"]
         ps_exit_seen: Optional[float] = None
