@@ -128,8 +128,9 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
                              _fmt(summary["restart_to_training_median_s"]),
                              _fmt(summary["restart_to_training_max_s"])), ""]
     if summary["recovered_without_restart"]:
-        lines += ["Recovered without a restart (the job went on when the link came back): "
-                  "%d." % summary["recovered_without_restart"], ""]
+        lines += ["Recovered without a restart (the job went on when the link came back, "
+                  "or without the killed slurmd): %d." % summary["recovered_without_restart"],
+                  ""]
     if summary["faults_not_injected"]:
         lines += ["Faults planned but not injected: %d (see the rows)." %
                   summary["faults_not_injected"], ""]
