@@ -17,10 +17,10 @@ import time
 import numpy as np
 import pytest
 from procs import MARK_VAR, kill_all, killed_after, marked_processes, repo_pythonpath
-from slurm_hosts import EmulatedSlurm, SlurmUnavailable, check_available
 from test_cluster import CPSGD_SPEC, KV_LOOP, NODE_ENV, load_recording, node_pids
 
 from mxnet_cpsgd.cluster import procfs, slurm
+from mxnet_cpsgd.cluster.emulated_slurm import EmulatedSlurm, SlurmUnavailable, check_available
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -14,7 +14,13 @@ time:
   the node still runs;
 - ``link-down`` (jobs on hosts only): ``ip link set eth0 down`` inside a random
   host's network namespace, ``up`` again after ``link_down_s`` seconds (longer
-  than the stall timeout).
+  than the stall timeout);
+- ``kill-step`` (Slurm jobs): SIGKILL of a random worker or server, the
+  process an srun step runs;
+- ``kill-slurmd`` (Slurm jobs): SIGKILL of a random node's ``slurmd``, started
+  again after ``link_down_s`` seconds (as a supervisor would);
+- ``kill-rank``, ``stop-rank`` (all-reduce jobs): SIGKILL or SIGSTOP of a
+  random Horovod rank.
 
 Which kinds a job gets and which node each hits are drawn from a
 ``random.Random`` seeded by the caller, so a campaign is repeatable up to the
@@ -36,7 +42,20 @@ MARK_ENV = "CPSGD_FAULT_MARK"
 NODE_KINDS = ("kill-worker", "kill-server", "kill-scheduler",
               "stop-worker", "stop-server", "stop-scheduler")
 HOST_KINDS = ("drop-ssh", "link-down")
-KINDS = NODE_KINDS + HOST_KINDS
+SLURM_KINDS = ("kill-slurmd", "kill-step")
+RANK_KINDS = ("kill-rank", "stop-rank")
+KINDS = NODE_KINDS + HOST_KINDS + SLURM_KINDS + RANK_KINDS
+#: kinds whose cause goes away by itself after ``link_down_s``: a job may
+#: survive them without a restart
+TEMPORARY_KINDS = ("link-down", "kill-slurmd")
+#: the fault kinds that apply to a job of each engine (where it runs)
+ENGINE_KINDS = {
+    "local": NODE_KINDS,
+    "hosts": NODE_KINDS + HOST_KINDS,
+    "slurm": ("kill-slurmd", "kill-step", "link-down"),
+    "mpi": ("kill-worker", "stop-worker", "kill-server", "stop-server"),
+    "allreduce": RANK_KINDS,
+}
 
 
 class NoTarget(RuntimeError):
@@ -44,12 +63,14 @@ class NoTarget(RuntimeError):
 
 
 def plan_kinds(rng: random.Random, count: int, kinds: Sequence[str],
-               on_hosts: bool) -> List[str]:
+               on_hosts: bool, engine: Optional[str] = None) -> List[str]:
     """``count`` fault kinds for one job, in a seeded order: every allowed kind
     once as far as ``count`` goes (the kinds that need hosts chosen first, so
-    that a short job still gets them), then seeded draws; kinds that need
-    hosts are left out for a job on one machine."""
-    allowed = [k for k in kinds if on_hosts or k not in HOST_KINDS]
+    that a short job still gets them), then seeded draws.  Allowed: those of
+    ``kinds`` that apply to the ``engine`` (by default ``hosts`` or
+    ``local`` after ``on_hosts``)."""
+    applies = ENGINE_KINDS[engine or ("hosts" if on_hosts else "local")]
+    allowed = [k for k in kinds if k in applies]
     if not allowed:
         raise ValueError("no fault kind applies to this job (kinds %s)" % ", ".join(kinds))
     first = [k for k in allowed if k in HOST_KINDS]
@@ -90,11 +111,15 @@ def job_nodes(mark: str) -> List[Node]:
             continue  # a remote node's watchdog: its child is the node
         env = procfs.environ(pid)
         role = env.get("DMLC_ROLE")
-        if role not in ("worker", "server", "scheduler"):
+        if role is None and "HOROVOD_RANK" in env and "gloo_host" not in " ".join(argv):
+            role = "rank"  # a Horovod rank (its gloo_host wrapper left out)
+        if role not in ("worker", "server", "scheduler", "rank"):
             continue
         name = role
         if role == "worker":
             name = "worker %s" % env.get("MXNET_CPSGD_WORKER_INDEX", "?")
+        elif role == "rank":
+            name = "rank %s" % env["HOROVOD_RANK"]
         host = env.get("DMLC_NODE_HOST", "")
         if host.startswith("198.18."):
             name += " on %s" % host
@@ -139,12 +164,15 @@ class Injector:
         rng: the seeded generator that picks the targets.
         hosts: the job's :class:`mxnet_cpsgd.cluster.hosts.EmulatedHosts`, or None
             for a job on this machine.
-        link_down_s: how long ``link-down`` keeps a host's link down.
+        link_down_s: how long ``link-down`` keeps a host's link down (and
+            ``kill-slurmd`` a slurmd dead).
+        slurm: the job's :class:`mxnet_cpsgd.cluster.emulated_slurm.EmulatedSlurm`
+            (``kill-slurmd``).
     """
 
     def __init__(self, mark: str, rng: random.Random, hosts=None,
-                 link_down_s: float = 12.0) -> None:
-        self.mark, self.rng, self.hosts = mark, rng, hosts
+                 link_down_s: float = 12.0, slurm=None) -> None:
+        self.mark, self.rng, self.hosts, self.slurm = mark, rng, hosts, slurm
         self.link_down_s = link_down_s
         self._timers: List[threading.Thread] = []
         self._down: Dict[str, bool] = {}
@@ -162,6 +190,15 @@ class Injector:
             raise ValueError("%s needs a job on emulated hosts" % kind)
         if kind == "link-down":
             return self._link_down()
+        if kind == "kill-slurmd":
+            return self._kill_slurmd()
+        if kind == "kill-step":
+            nodes = sorted((n for n in job_nodes(self.mark) if n.role in ("worker", "server")),
+                           key=lambda n: n.name)
+            if not nodes:
+                raise NoTarget("no step of the job is running")
+            node = self.rng.choice(nodes)
+            return self._signal(kind, node.pid, node.name, signal.SIGKILL)
         if kind == "drop-ssh":
             clients = ssh_clients(self.mark)
             if not clients:
@@ -200,6 +237,22 @@ class Injector:
                                                                     self.link_down_s),
                          None, at, wall)
 
+    def _kill_slurmd(self) -> Delivered:
+        if self.slurm is None:
+            raise ValueError("kill-slurmd needs a job in an emulated Slurm cluster")
+        node = self.rng.choice(self.slurm.nodes)
+        self.slurm.kill_slurmd(node)
+        at, wall = time.monotonic(), time.time()
+
+        def start_later():
+            time.sleep(self.link_down_s)
+            self.slurm.start_slurmd(node)
+        timer = threading.Thread(target=start_later, daemon=True)
+        timer.start()
+        self._timers.append(timer)
+        return Delivered("kill-slurmd", "slurmd of %s, started again after %g s"
+                         % (node, self.link_down_s), None, at, wall)
+
     def _link_up(self, netns: str) -> None:
         if self._down.pop(netns, False):
             subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "up"],
@@ -209,6 +262,8 @@ class Injector:
         """Bring every link this injector took down up again (at once)."""
         for netns in list(self._down):
             self._link_up(netns)
+        if self.slurm is not None:
+            self.slurm.start_slurmd()  # every slurmd killed and not started yet
         for timer in self._timers:
             timer.join(0)
 

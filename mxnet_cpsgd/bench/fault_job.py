@@ -1,6 +1,6 @@
 """One training job of the fault campaign (:mod:`.faults`): ``cpsgd-launch``
-running ``scripts/train_mnist.py`` with checkpoints, on this machine or on
-emulated hosts over ssh, its output read line by line with the time each line
+running ``scripts/train_mnist.py`` with checkpoints, on one of the engines of
+:mod:`.fault_engines`, its output read line by line with the time each line
 arrived.
 
 The rank-0 worker (whichever worker index ps-lite made rank 0) logs every
@@ -17,20 +17,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from mxnet_cpsgd.bench.fault_injector import MARK_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_SCRIPT = os.path.join(REPO, "scripts", "train_mnist.py")
 NODE_ENV = ("OMP_NUM_THREADS=1", "MXNET_CPU_WORKER_NTHREADS=1")
 
 _BATCHES = re.compile(r"batches/epoch=(\d+)")
-_ITER = re.compile(r"^\[worker \d+(?: on [\d.]+)?\] .*\[Epoch (\d+) Batch (\d+)\]")
+_ITER = re.compile(r"^\[worker \d+(?: on \S+)?\] .*\[Epoch (\d+) Batch (\d+)\]")
 _RESTART = re.compile(r"^cpsgd-launch: restart (\d+) of \d+")
 _RESUMED = re.compile(r"resumed from \S+: epoch \d+, iteration (\d+)")
 _FRESH = re.compile(r"restart \d+: no complete checkpoint in")
-_DONE = re.compile(r"^\[worker \d+(?: on [\d.]+)?\] .*done: (\d+) iterations, final val=([\d.]+)")
+_DONE = re.compile(r"^\[worker \d+(?: on \S+)?\] .*done: (\d+) iterations, final val=([\d.]+)")
 
 
 @dataclass
@@ -55,29 +54,12 @@ def train_command(settings: TrainSettings, seed: int, checkpoint_dir: str) -> Li
             "--checkpoint-every", str(settings.checkpoint_every), "--log-interval", "1"]
 
 
-def launcher_command(worker_cmd: List[str], mark: str, stall_timeout: float,
-                     max_restarts: int, hosts=None, timeout: float = 20.0,
-                     job_timeout: float = 3600.0, host_wait: float = 0.0) -> List[str]:
-    """``cpsgd-launch`` for 2 workers: on this machine with 1 server, or on the
-    emulated ``hosts`` (one server per host, the scheduler on the launching
-    machine), run in the launching machine's namespace."""
-    argv = [sys.executable, "-m", "mxnet_cpsgd.launch", "-n", "2",
-            "--stall-timeout", "%g" % stall_timeout, "--max-restarts", str(max_restarts),
-            "--timeout", "%g" % timeout, "--job-timeout", "%g" % job_timeout,
-            "--env", "%s=%s" % (MARK_ENV, mark)] + ["--env=" + e for e in NODE_ENV]
-    if host_wait:
-        argv += ["--host-wait", "%g" % host_wait]
-    if hosts is None:
-        return argv + ["-s", "1", "--"] + worker_cmd
-    argv += ["-H", hosts.hostfile, "--ssh-config", hosts.ssh_config, "--"] + worker_cmd
-    return hosts.launcher.wrap(argv)
-
-
 class JobRun:
     """A started launcher process and the lines it printed, with their times."""
 
-    def __init__(self, argv: List[str], log_path: Optional[str] = None) -> None:
-        env = dict(os.environ)
+    def __init__(self, argv: List[str], log_path: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None) -> None:
+        env = dict(os.environ, **(env or {}))
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,

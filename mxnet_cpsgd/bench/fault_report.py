@@ -33,6 +33,22 @@ def summarize(configs: List[Dict]) -> Dict:
             "fault_to_training_median_s": _median([f["fault_to_training_s"] for f in ok]),
             "fault_to_training_max_s": max([f["fault_to_training_s"] for f in ok], default=None),
             "steps_recomputed_median": _median([f["steps_recomputed"] for f in ok])}
+    per_engine_kind = {}
+    for engine in sorted({c["where"] for c in configs}):
+        for kind in sorted({f["kind"] for c in configs if c["where"] == engine
+                            for f in c["faults"] if f["injected_s"] is not None}):
+            mine = [f for c in configs if c["where"] == engine for f in c["faults"]
+                    if f["kind"] == kind and f["injected_s"] is not None]
+            ok = [f["fault_to_training_s"] for f in mine if f["recovered"]]
+            per_engine_kind["%s %s" % (engine, kind)] = {
+                "engine": engine, "kind": kind, "injected": len(mine),
+                "recovered_by_restart": sum(1 for f in mine if f["recovered"]
+                                            and f["restart"] is not None),
+                "survived_without_restart": sum(1 for f in mine if f["recovered"]
+                                                and f["restart"] is None),
+                "not_recovered": sum(1 for f in mine if not f["recovered"]),
+                "fault_to_training_median_s": _median(ok),
+                "fault_to_training_max_s": max(ok, default=None)}
     jobs_ok = [c for c in configs if c["exit_code"] == 0
                and all(f["recovered"] for f in c["faults"] if f["injected_s"] is not None)]
     return {
@@ -53,6 +69,7 @@ def summarize(configs: List[Dict]) -> Dict:
         "steps_recomputed_median": _median(steps),
         "steps_recomputed_max": max(steps, default=None),
         "per_kind": per_kind,
+        "per_engine_kind": per_engine_kind,
     }
 
 
@@ -61,6 +78,14 @@ def _fmt(value, digits=1) -> str:
         return "-"
     if isinstance(value, float):
         return "%.*f" % (digits, value)
+    return str(value)
+
+
+def _setting(value) -> str:
+    """A setting's value; a list of lists (merged campaigns) as a / b."""
+    if isinstance(value, list):
+        return (" / " if any(isinstance(v, list) for v in value) else ",").join(
+            _setting(v) for v in value)
     return str(value)
 
 
@@ -83,7 +108,7 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
              "Written by `python -m mxnet_cpsgd.bench.faults` (%s to %s UTC)." % (
                  time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
                  time.strftime("%H:%M", time.gmtime(ended))),
-             "Settings: %s." % ", ".join("%s=%s" % (k, ",".join(v) if isinstance(v, list) else v)
+             "Settings: %s." % ", ".join("%s=%s" % (k, _setting(v))
                                         for k, v in sorted(settings.items())), "",
              "## Summary", "",
              "| faults injected | recovered | jobs recovered | fault to training again, "
@@ -103,8 +128,9 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
                              _fmt(summary["restart_to_training_median_s"]),
                              _fmt(summary["restart_to_training_max_s"])), ""]
     if summary["recovered_without_restart"]:
-        lines += ["Recovered without a restart (the job went on when the link came back): "
-                  "%d." % summary["recovered_without_restart"], ""]
+        lines += ["Recovered without a restart (the job went on when the link came back, "
+                  "or without the killed slurmd): %d." % summary["recovered_without_restart"],
+                  ""]
     if summary["faults_not_injected"]:
         lines += ["Faults planned but not injected: %d (see the rows)." %
                   summary["faults_not_injected"], ""]
@@ -114,6 +140,20 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
         lines.append("| %s | %d | %d | %s / %s | %s |" % (
             kind, row["injected"], row["recovered"], _fmt(row["fault_to_training_median_s"]),
             _fmt(row["fault_to_training_max_s"]), _fmt(row["steps_recomputed_median"])))
+    if len({row["engine"] for row in summary["per_engine_kind"].values()}) > 1:
+        lines += ["", "Per engine and kind:", "",
+                  "| engine | kind | injected | recovered by a restart | survived without "
+                  "a restart | not recovered | fault to training, median / max (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in summary["per_engine_kind"].values():
+            lines.append("| %s | %s | %d | %d | %d | %d | %s / %s |" % (
+                row["engine"], row["kind"], row["injected"], row["recovered_by_restart"],
+                row["survived_without_restart"], row["not_recovered"],
+                _fmt(row["fault_to_training_median_s"]),
+                _fmt(row["fault_to_training_max_s"])))
+    if "namespaces_left" in summary:
+        lines += ["", "Network namespaces of the campaign left after its teardown: %s." % (
+            ", ".join(summary["namespaces_left"]) or "none")]
     lines += ["", "## Jobs", "",
               "| config | faulted run exit | restarts | faulted run (s) | reference run (s) | "
               "final iterations (faulted / reference) | val acc (faulted / reference) | "
@@ -149,9 +189,12 @@ def markdown(configs: List[Dict], settings: Dict, summary: Dict, started: float,
 
 
 def write(out: str, configs: List[Dict], settings: Dict, started: float,
-          ended: float) -> Dict:
-    """Write both files into ``out``; returns the summary."""
+          ended: float, namespaces_left: Optional[List[str]] = None) -> Dict:
+    """Write both files into ``out``; returns the summary.  ``namespaces_left``:
+    what the campaign's teardown left (None: not checked yet)."""
     summary = summarize(configs)
+    if namespaces_left is not None:
+        summary["namespaces_left"] = namespaces_left
     settings = {k: v for k, v in settings.items() if k != "out"}
     with open(os.path.join(out, JSON), "w") as f:
         json.dump({"settings": settings, "started": started, "ended": ended,
@@ -166,9 +209,35 @@ def rewrite(out: str) -> Dict:
     (and the JSON's summary); returns the summary."""
     with open(os.path.join(out, JSON)) as f:
         data = json.load(f)
-    return write(out, data["configs"], data["settings"], data["started"], data["ended"])
+    return write(out, data["configs"], data["settings"], data["started"], data["ended"],
+                 data["summary"].get("namespaces_left"))
 
 
-if __name__ == "__main__":  # python -m mxnet_cpsgd.bench.fault_report DIR
+def merge(out: str, parts: List[str]) -> Dict:
+    """One report in ``out`` from the campaigns written into ``parts`` (say,
+    one per engine, run side by side): their configurations in order, their
+    settings where they agree (a list of each part's value where not), the
+    earliest start and the latest end; returns the summary."""
+    data = []
+    for part in parts:
+        with open(os.path.join(part, JSON)) as f:
+            data.append(json.load(f))
+    settings: Dict = {}
+    for key in sorted({k for d in data for k in d["settings"]}):
+        values = [d["settings"].get(key) for d in data]
+        same = all(v == values[0] for v in values)
+        settings[key] = values[0] if same else values
+    left = [n for d in data for n in d["summary"].get("namespaces_left", [])]
+    os.makedirs(out, exist_ok=True)
+    return write(out, [c for d in data for c in d["configs"]], settings,
+                 min(d["started"] for d in data), max(d["ended"] for d in data), left)
+
+
+if __name__ == "__main__":
+    # python -m mxnet_cpsgd.bench.fault_report DIR: write DIR's markdown again;
+    # ... --merge OUT DIR1 DIR2 ...: one report of several campaigns
     import sys
-    rewrite(sys.argv[1])
+    if sys.argv[1] == "--merge":
+        merge(sys.argv[2], sys.argv[3:])
+    else:
+        rewrite(sys.argv[1])

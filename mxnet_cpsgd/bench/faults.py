@@ -5,11 +5,11 @@ Usage (root: the emulated hosts are network namespaces with their own sshd)::
     nice -n 10 python -m mxnet_cpsgd.bench.faults --out DIR \\
         [--configs ssgd-local,cpsgd-local,ssgd-hosts,cpsgd-hosts] [--kinds K,...] \\
         [--faults-per-job 6] [--seed 1] [--iters 3000] [--checkpoint-every 10] \\
-        [--stall-timeout 8] [--repeat-reference]
+        [--stall-timeout 8] [--repeat-reference] [--no-seed-spread]
 
-Every configuration (algorithm ``ssgd`` or ``cpsgd``; 2 workers of LeNet-5 on
-mnist-5k, on this machine with 1 server or on 2 emulated hosts over ssh with a
-server per host) runs:
+Every configuration ``ALGORITHM-ENGINE`` (2 workers of LeNet-5 on mnist-5k;
+the engines in :mod:`.fault_engines`: this machine with 1 server, 2 emulated
+hosts over ssh, an emulated Slurm cluster, mpirun, Horovod all-reduce) runs:
 
 1. an uninterrupted reference run (``--seed``);
 2. the faulted run, the same command under ``cpsgd-launch --max-restarts``
@@ -17,8 +17,9 @@ server per host) runs:
    injector (:mod:`.fault_injector`) delivers ``--faults-per-job`` faults, one
    at a time, each at a seeded random time while training progresses after
    the previous recovery;
-3. for cpsgd, a reference run with seed ``--seed + 1`` (the spread between two
-   seeds bounds the faulted run's difference), and with
+3. for algorithms other than ``ssgd`` and ``horovod``, a reference run with
+   seed ``--seed + 1`` (the spread between two seeds bounds the faulted run's
+   difference; not with ``--no-seed-spread``), and with
    ``--repeat-reference`` a second run of the reference seed (determinism).
 
 Per fault it records the kind, target, when it was injected, when training
@@ -32,6 +33,7 @@ reference run are compared.  Results: ``DIR/faults-campaign.json`` and
 import argparse
 import os
 import random
+import signal
 import sys
 import time
 import uuid
@@ -41,12 +43,18 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mxnet_cpsgd.bench import fault_report
-from mxnet_cpsgd.bench.fault_injector import (KINDS, Injector, NoTarget, continue_stopped,
-                                              kill_job_processes, plan_kinds)
-from mxnet_cpsgd.bench.fault_job import (JobRun, TrainSettings, final_params_path,
-                                         launcher_command, train_command)
+from mxnet_cpsgd.bench.fault_engines import Engine, engine_of, namespaces
+from mxnet_cpsgd.bench.fault_injector import (KINDS, TEMPORARY_KINDS, Injector, NoTarget,
+                                              continue_stopped, kill_job_processes,
+                                              plan_kinds)
+from mxnet_cpsgd.bench.fault_job import JobRun, TrainSettings, final_params_path, train_command
 
 CONFIGS = ("ssgd-local", "cpsgd-local", "ssgd-hosts", "cpsgd-hosts")
+#: configurations of the other engines (not run by default)
+ENGINE_CONFIGS = ("ssgd-slurm", "cpsgd-slurm", "ssgd-mpi", "cpsgd-mpi",
+                  "horovod-allreduce", "fp16-allreduce")
+#: algorithms whose faulted run must end with the reference's weights, bit for bit
+EXACT = ("ssgd", "horovod")
 #: seconds a fault may take to be noticed and the job to train again
 RECOVERY_LIMIT_S = 300.0
 
@@ -112,31 +120,33 @@ class Campaign:
         self.args = args
         self.out = os.path.abspath(args.out)
         os.makedirs(self.out, exist_ok=True)
-        self.hosts = None
+        self.engines: Dict[str, Engine] = {}
+        self.running: Optional[tuple] = None  # (JobRun, mark) of the run under way
 
     def log(self, text: str) -> None:
         print("[faults %s] %s" % (time.strftime("%H:%M:%S"), text), flush=True)
 
     def run_config(self, config: str, index: int) -> ConfigResult:
-        algorithm, where = config.split("-")
+        algorithm, where = engine_of(config)
         args = self.args
         settings = TrainSettings(algorithm, args.iters, args.checkpoint_every)
         result = ConfigResult(config, algorithm, where, args.seed)
-        hosts = self._hosts() if where == "hosts" else None
+        engine = self._engine(where)
         runs = [("reference", args.seed)]
-        if algorithm != "ssgd":
-            runs.append(("seed%d" % (args.seed + 1), args.seed + 1))
+        if algorithm not in EXACT:
+            if not args.no_seed_spread:
+                runs.append(("seed%d" % (args.seed + 1), args.seed + 1))
             if args.repeat_reference:
                 runs.append(("repeat", args.seed))
         params = {}
         for name, seed in runs:
-            job, seconds = self._plain_run(config, name, settings, seed, hosts, result)
+            job, seconds = self._plain_run(config, name, settings, seed, engine, result)
             if name == "reference":
                 result.reference_seconds = seconds
             path = final_params_path(os.path.join(self.out, config, name, "ckpt"))
             params[name] = load_params(path) if path else None
         rng = random.Random("%d/%s" % (args.seed, config))
-        self._faulted_run(config, settings, hosts, rng, result)
+        self._faulted_run(config, settings, engine, rng, result)
         path = final_params_path(os.path.join(self.out, config, "faulted", "ckpt"))
         params["faulted"] = load_params(path) if path else None
         ref = params["reference"]
@@ -145,25 +155,26 @@ class Campaign:
                 result.comparison[name + "_vs_reference"] = compare(p, ref)
         return result
 
-    def _hosts(self):
-        if self.hosts is None:
-            from mxnet_cpsgd.cluster.hosts import EmulatedHosts
-            self.hosts = EmulatedHosts(2)
-            self.hosts.setup()
-            self.log("emulated hosts %s (launching machine %s)" % (
-                ", ".join(h.address for h in self.hosts.hosts), self.hosts.launcher.address))
-        return self.hosts
+    def _engine(self, where: str) -> Engine:
+        """The engine (set up on first use) the jobs of ``where`` run on."""
+        if where not in self.engines:
+            self.engines[where] = Engine(where)
+        self.engines[where].setup(self.log)
+        return self.engines[where]
 
-    def _start(self, config, name, settings, seed, hosts, max_restarts):
+    def _start(self, config, name, settings, seed, engine, max_restarts):
         run_dir = os.path.join(self.out, config, name)
         os.makedirs(run_dir, exist_ok=True)
         mark = uuid.uuid4().hex[:12]
-        argv = launcher_command(train_command(settings, seed, os.path.join(run_dir, "ckpt")),
-                                mark, self.args.stall_timeout, max_restarts, hosts,
-                                host_wait=self.args.host_wait)
-        return JobRun(argv, os.path.join(run_dir, "launcher.log")), mark
+        argv, env = engine.command(
+            train_command(settings, seed, os.path.join(run_dir, "ckpt")), mark,
+            self.args.stall_timeout, max_restarts, host_wait=self.args.host_wait)
+        job = JobRun(argv, os.path.join(run_dir, "launcher.log"), env=env)
+        self.running = (job, mark)
+        return job, mark
 
-    def _finish(self, job: JobRun, mark: str, result: ConfigResult, name: str):
+    def _finish(self, job: JobRun, mark: str, result: ConfigResult, name: str,
+                engine: Engine):
         result.marks[name] = mark
         code = job.wait(self.args.job_timeout)
         if code is None:
@@ -174,28 +185,29 @@ class Campaign:
         left = kill_job_processes(mark)
         if left:
             result.leftovers.append("%s: %d process(es) of the job left, killed" % (name, len(left)))
+        result.leftovers += ["%s: %s" % (name, what) for what in engine.leftovers()]
         iterations, val = job.final()
         result.final_iterations[name] = iterations
         result.val_acc[name] = val
         return job.proc.returncode
 
-    def _plain_run(self, config, name, settings, seed, hosts, result):
+    def _plain_run(self, config, name, settings, seed, engine, result):
         self.log("%s: %s run (seed %d)" % (config, name, seed))
-        job, mark = self._start(config, name, settings, seed, hosts, 0)
-        code = self._finish(job, mark, result, name)
+        job, mark = self._start(config, name, settings, seed, engine, 0)
+        code = self._finish(job, mark, result, name, engine)
         seconds = job.ended - job.started if job.ended else None
         self.log("%s: %s run exit %s in %.0f s, final val %s" % (
             config, name, code, seconds or -1, result.val_acc.get(name)))
         return job, seconds
 
-    def _faulted_run(self, config, settings, hosts, rng, result):
+    def _faulted_run(self, config, settings, engine, rng, result):
         args = self.args
-        kinds = plan_kinds(rng, args.faults_per_job, args.kinds, hosts is not None)
+        kinds = plan_kinds(rng, args.faults_per_job, args.kinds, False, engine=engine.where)
         self.log("%s: faulted run, faults planned: %s" % (config, ", ".join(kinds)))
-        job, mark = self._start(config, "faulted", settings, args.seed, hosts,
+        job, mark = self._start(config, "faulted", settings, args.seed, engine,
                                 args.faults_per_job + 3)
-        injector = Injector(mark, rng, hosts, link_down_s=args.link_down_factor
-                            * args.stall_timeout)
+        injector = Injector(mark, rng, engine.hosts, link_down_s=args.link_down_factor
+                            * args.stall_timeout, slurm=engine.slurm)
         try:
             ready, beyond = job.started, args.checkpoint_every
             for index, kind in enumerate(kinds):
@@ -218,7 +230,7 @@ class Campaign:
                 beyond = job.last_iteration() or 0
         finally:
             injector.close()
-        result.exit_code = self._finish(job, mark, result, "faulted")
+        result.exit_code = self._finish(job, mark, result, "faulted", engine)
         result.faulted_seconds = job.ended - job.started if job.ended else None
         result.restarts = len([1 for _, line in job.snapshot()
                                if line.startswith("cpsgd-launch: restart ")])
@@ -265,11 +277,15 @@ class Campaign:
         that comes back before the launcher noticed it (the 4x allowance of a
         checkpoint or an evaluation in progress) may be survived without a
         restart: then training going on past the fault's iteration after the
-        link is up again, with no restart for a stall timeout more, counts."""
+        link is up again, with no restart for a stall timeout more (or up to
+        the job's successful end), counts.  So does a killed slurmd (the steps
+        run on without it): training going on after the fault, with no restart
+        until a stall timeout after the slurmd is back (or the job's end)."""
         at = job.started + record.injected_s
         deadline = at + RECOVERY_LIMIT_S
-        link_up = at + self.args.link_down_factor * self.args.stall_timeout \
-            if record.kind == "link-down" else None
+        back = at + self.args.link_down_factor * self.args.stall_timeout \
+            if record.kind in TEMPORARY_KINDS else None
+        since = back if record.kind == "link-down" else at
         restart = resumed = progressed = survived = None
         while time.monotonic() < deadline:
             restart = restart or job.restart_after(at)
@@ -279,12 +295,16 @@ class Campaign:
                 progressed = job.progressed_after(resumed[0], resumed[1])
                 if progressed:
                     break
-            if not restart and link_up is not None and time.monotonic() > link_up:
-                went_on = job.progressed_after(link_up, record.iteration_at_fault or 0)
-                if went_on and time.monotonic() > went_on[0] + self.args.stall_timeout:
+            ended = not job.running
+            if not restart and back is not None and (ended or time.monotonic() > back):
+                went_on = job.progressed_after(at if ended else since,
+                                               record.iteration_at_fault or 0)
+                if went_on and (time.monotonic() > max(back, went_on[0])
+                                + self.args.stall_timeout
+                                or (ended and job.proc.returncode == 0)):
                     survived = went_on
                     break
-            if not job.running:
+            if ended:
                 break
             time.sleep(0.1)
         if survived:
@@ -292,7 +312,9 @@ class Campaign:
             record.fault_to_training_s = round(survived[0] - at, 3)
             record.steps_recomputed = 0
             record.recovered = True
-            record.note = "no restart: training went on when the link came back"
+            record.note = "no restart: training went on %s" % (
+                "when the link came back" if record.kind == "link-down"
+                else "without the slurmd")
             return
         if restart:
             record.restart = restart[1]
@@ -313,9 +335,15 @@ class Campaign:
                 job.proc.returncode,)
 
     def close(self) -> None:
-        if self.hosts is not None:
-            self.hosts.close()
-            self.hosts = None
+        """Stop a run still under way (the campaign interrupted), then the engines."""
+        if self.running is not None and self.running[0].running:
+            job, mark = self.running
+            job.kill()
+            continue_stopped(mark)
+            kill_job_processes(mark)
+        for engine in self.engines.values():
+            engine.close()
+        self.engines = {}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -325,7 +353,8 @@ def _parser() -> argparse.ArgumentParser:
                     "under a seeded fault injector, compared with uninterrupted runs.")
     parser.add_argument("--out", required=True, help="results directory")
     parser.add_argument("--configs", default=",".join(CONFIGS),
-                        help="comma-separated, of %s (default: all)" % ", ".join(CONFIGS))
+                        help="comma-separated, of %s (default: %s)" % (
+                            ", ".join(CONFIGS + ENGINE_CONFIGS), ",".join(CONFIGS)))
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help="fault kinds, comma-separated, of %s (default: all)"
                              % ", ".join(KINDS))
@@ -358,6 +387,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds any one run may take (default 3000)")
     parser.add_argument("--repeat-reference", action="store_true",
                         help="cpsgd: also repeat the uninterrupted reference run")
+    parser.add_argument("--no-seed-spread", action="store_true",
+                        help="no run of seed --seed + 1 (default: one for every "
+                             "algorithm but ssgd and horovod)")
     return parser
 
 
@@ -367,8 +399,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.configs = [c for c in args.configs.split(",") if c]
     args.kinds = [k for k in args.kinds.split(",") if k]
     for c in args.configs:
-        if c not in CONFIGS:
-            parser.error("unknown config %r (known: %s)" % (c, ", ".join(CONFIGS)))
+        if c not in CONFIGS + ENGINE_CONFIGS:
+            parser.error("unknown config %r (known: %s)" % (
+                c, ", ".join(CONFIGS + ENGINE_CONFIGS)))
     for k in args.kinds:
         if k not in KINDS:
             parser.error("unknown fault kind %r (known: %s)" % (k, ", ".join(KINDS)))
@@ -387,12 +420,19 @@ def run_campaign(args: argparse.Namespace) -> List[ConfigResult]:
             fault_report.write(campaign.out, [asdict(r) for r in results], vars(args),
                                started, time.time())
     finally:
+        made = [n for engine in campaign.engines.values() for n in engine.netns]
         campaign.close()
+    # the namespaces of this campaign's emulated hosts still there after the teardown
+    left = sorted(set(made) & set(namespaces() or []))
+    fault_report.write(campaign.out, [asdict(r) for r in results], vars(args), started,
+                       time.time(), namespaces_left=left)
     return results
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM tears down as Ctrl-C does: the run under way, the emulated clusters
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     results = run_campaign(args)
     path = os.path.join(os.path.abspath(args.out), fault_report.MARKDOWN)
     with open(path) as f:

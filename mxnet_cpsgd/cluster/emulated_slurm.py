@@ -1,4 +1,5 @@
-"""A real Slurm cluster on emulated hosts, for the tests (root only).
+"""A real Slurm cluster on emulated hosts, for the tests and the fault campaign
+(root only).
 
 Built on :class:`mxnet_cpsgd.cluster.hosts.EmulatedHosts` without sshd: the
 launching machine (namespace 0, 198.18.0.10) runs ``slurmctld``, every host
@@ -65,6 +66,8 @@ class EmulatedSlurm:
         self.dir = ""
         self.daemons = []  # (name, Popen)
         self.env = {}
+        self._killed = set()  # nodes whose slurmd kill_slurmd ended
+        self._closed = False
 
     @property
     def nodes(self):
@@ -140,14 +143,37 @@ class EmulatedSlurm:
             f.write(_cgroup_conf())
         os.makedirs(os.path.join(d, "state"))
         self._spawn("slurmctld", self.launcher.wrap([_which("slurmctld"), "-D", "-i"]))
-        for host, node in zip(self.hosts.hosts, self.nodes):
-            self._spawn("slurmd-" + node, host.wrap([_which("slurmd"), "-D", "-N", node]))
+        for node in self.nodes:
+            self._spawn_slurmd(node)
 
         def idle():
             out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout
             states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
             return all(states.get(n) == "idle" for n in self.nodes)
         self._wait(idle, "slurmctld and slurmd", 60)
+
+    def _spawn_slurmd(self, node):
+        host = self.hosts.hosts[self.nodes.index(node)]
+        return self._spawn("slurmd-" + node, host.wrap([_which("slurmd"), "-D", "-N", node]))
+
+    def kill_slurmd(self, node):
+        """SIGKILL ``node``'s slurmd (a crash: its job steps go on without it)."""
+        for name, proc in self.daemons:
+            if name == "slurmd-" + node and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)  # `ip netns exec` execs: slurmd itself
+                proc.wait()
+        self._killed.add(node)
+
+    def start_slurmd(self, node=None):
+        """Start ``node``'s slurmd again after :meth:`kill_slurmd` (every
+        such node's without ``node``); nothing once the cluster is closed."""
+        for name in sorted(self._killed) if node is None else [node]:
+            if self._closed or name not in self._killed:
+                continue
+            self._killed.discard(name)
+            self.daemons = [(n, p) for n, p in self.daemons
+                            if n != "slurmd-" + name or p.poll() is None]
+            self._spawn_slurmd(name)
 
     def _wait(self, ready, what, seconds):
         deadline = time.monotonic() + seconds
@@ -201,6 +227,7 @@ class EmulatedSlurm:
 
     def close(self):
         """Cancel every job, stop the daemons, remove namespaces and files."""
+        self._closed = True
         try:
             if any(name == "slurmctld" and p.poll() is None for name, p in self.daemons):
                 for job in self.job_ids():
