@@ -119,37 +119,13 @@ def test_every_engine_gets_its_own_kinds_and_launcher():
     assert argv[argv.index("--max-restarts") + 1] == "3" and env == {"CPSGD_FAULT_MARK": "m1"}
 
 
-def test_allreduce_campaign_recovers_killed_and_stopped_ranks(tmp_path):
-    """horovod (Horovod/Gloo all-reduce under cpsgd-launch --allreduce): a rank
-    SIGKILLed and a rank SIGSTOPped, each followed by a restart from the newest
-    checkpoint; the final weights equal an uninterrupted run's, bit for bit."""
-    pytest.importorskip("horovod.mxnet")
-    out = tmp_path / "campaign"
-    code = main(["--out", str(out), "--configs", "horovod-allreduce", "--faults-per-job", "2",
-                 "--iters", "300", "--checkpoint-every", "10", "--stall-timeout", "4",
-                 "--min-delay", "0.5", "--max-delay", "1.5", "--end-margin", "60"])
-    with open(out / fault_report.JSON) as f:
-        report = json.load(f)
-    (config,) = report["configs"]
-    faults = config["faults"]
-    assert code == 0, (out / fault_report.MARKDOWN).read_text()
-    assert sorted(f["kind"] for f in faults) == ["kill-rank", "stop-rank"], faults
-    for f in faults:
-        assert f["recovered"] and f["restart"] is not None, f
-        assert re.match(r"^rank [01]$", f["target"]), f
-    assert config["final_iterations"] == {"reference": 300, "faulted": 300}
-    assert config["comparison"]["faulted_vs_reference"]["bit_identical"], config["comparison"]
-    assert config["leftovers"] == [] and report["summary"]["namespaces_left"] == []
-    for run, mark in config["marks"].items():
-        assert job_processes(mark) == [], "processes of the %s run left" % run
-
-
-def test_slurm_campaign_recovers_a_killed_step_and_a_killed_slurmd(tmp_path):
+def test_slurm_campaign_survives_a_killed_slurmd(tmp_path):
     """ssgd in an emulated Slurm cluster (salloc, cpsgd-launch --launcher slurm,
-    every node an srun step): a step's process SIGKILLed (a restart inside the
-    allocation, from the newest checkpoint) and a node's slurmd SIGKILLed and
-    started again (the steps run on without it).  Weights bit-identical, no job,
-    step or process left, the cluster's namespaces gone."""
+    every node an srun step): a node's slurmd SIGKILLed and started again (the
+    steps run on without it).  Weights bit-identical, no job, step or process
+    left, the cluster's namespaces gone.  (A killed step's restart from the newest
+    checkpoint is test_slurm's; the campaign's other engines and kinds are too slow
+    for the suite: reports/perf/faults-campaign-engines-results.md has them.)"""
     from mxnet_cpsgd.cluster.emulated_slurm import SlurmUnavailable, check_available
     try:
         check_available()
@@ -157,7 +133,7 @@ def test_slurm_campaign_recovers_a_killed_step_and_a_killed_slurmd(tmp_path):
         pytest.skip(str(err))
     out = tmp_path / "campaign"
     code = main(["--out", str(out), "--configs", "ssgd-slurm", "--kinds",
-                 "kill-step,kill-slurmd", "--faults-per-job", "2", "--iters", "300",
+                 "kill-slurmd", "--faults-per-job", "1", "--iters", "200",
                  "--checkpoint-every", "10", "--stall-timeout", "4", "--min-delay", "0.5",
                  "--max-delay", "1.5", "--end-margin", "60"])
     with open(out / fault_report.JSON) as f:
@@ -165,10 +141,9 @@ def test_slurm_campaign_recovers_a_killed_step_and_a_killed_slurmd(tmp_path):
     (config,) = report["configs"]
     faults = {f["kind"]: f for f in config["faults"]}
     assert code == 0, (out / fault_report.MARKDOWN).read_text()
-    assert sorted(faults) == ["kill-slurmd", "kill-step"], config["faults"]
-    assert all(f["recovered"] for f in faults.values()), config["faults"]
-    assert faults["kill-step"]["restart"] is not None, faults
-    assert re.match(r"^(worker \d|server) on 198\.18\.0\.1[12]$", faults["kill-step"]["target"])
+    assert sorted(faults) == ["kill-slurmd"], config["faults"]
+    assert faults["kill-slurmd"]["recovered"], faults
+    assert faults["kill-slurmd"]["restart"] is None, faults  # the steps ran on
     assert config["comparison"]["faulted_vs_reference"]["bit_identical"], config["comparison"]
     assert config["leftovers"] == [] and report["summary"]["namespaces_left"] == []
     for run, mark in config["marks"].items():
