@@ -165,9 +165,9 @@ def install_step_hook(reporter: Optional[ProgressReporter] = None) -> bool:
     return True
 
 
-#: MXNet's store factory (``mx.kv.create``; ``mx.kvstore`` re-exports it after this
-#: module has run, so the patched function is the one every caller gets)
-CONNECT_FUNCTION = ("mxnet.kvstore.base", "create")
+#: the module of MXNet's store factory ``create`` (``mx.kv.create``; ``mx.kvstore``
+#: re-exports it after this module has run, so the patched one is what every caller gets)
+CONNECT_MODULE = "mxnet.kvstore.base"
 
 
 def joins_job(name) -> bool:
@@ -194,7 +194,11 @@ def install_connect_hook(reporter: Optional[ProgressReporter] = None,
     if not reporter.enabled:
         return False
 
-    def wrap(original):
+    def patch(base) -> None:
+        original = getattr(base, "create", None)
+        if original is None:
+            return
+
         def create(name="local"):
             joining = joins_job(name)
             if joining:
@@ -205,17 +209,9 @@ def install_connect_hook(reporter: Optional[ProgressReporter] = None,
             return store
         create.__doc__ = original.__doc__
         create.__name__ = original.__name__
-        return create
-    module, function = CONNECT_FUNCTION
-    sys.meta_path.insert(0, _PatchingFinder(module, lambda loaded: _patch_function(
-        loaded, function, wrap)))
+        base.create = create
+    sys.meta_path.insert(0, _PatchingFinder(CONNECT_MODULE, patch))
     return True
-
-
-def _patch_function(module, function: str, wrap) -> None:
-    original = getattr(module, function, None)
-    if original is not None:
-        setattr(module, function, wrap(original))
 
 
 class _PatchingFinder:
