@@ -41,13 +41,13 @@ def _netns():
 def test_plan_covers_every_kind_once_and_is_seeded():
     import random
     kinds = ["kill-worker", "stop-server", "drop-ssh", "link-down"]
-    local = plan_kinds(random.Random(1), 2, kinds, on_hosts=False)
+    local = plan_kinds(random.Random(1), 2, kinds, "local")
     assert sorted(local) == ["kill-worker", "stop-server"]
-    hosts = plan_kinds(random.Random(1), 2, kinds, on_hosts=True)
+    hosts = plan_kinds(random.Random(1), 2, kinds, "hosts")
     assert sorted(hosts) == ["drop-ssh", "link-down"]  # the host kinds come first
-    assert plan_kinds(random.Random(3), 7, kinds, True) == \
-        plan_kinds(random.Random(3), 7, kinds, True)
-    assert set(plan_kinds(random.Random(3), 7, kinds, True)) == set(kinds)
+    assert plan_kinds(random.Random(3), 7, kinds, "hosts") == \
+        plan_kinds(random.Random(3), 7, kinds, "hosts")
+    assert set(plan_kinds(random.Random(3), 7, kinds, "hosts")) == set(kinds)
     with pytest.raises(SystemExit):
         parse_args(["--out", "x", "--kinds", "kill-everything"])
 
@@ -102,12 +102,12 @@ def test_every_engine_gets_its_own_kinds_and_launcher():
     from mxnet_cpsgd.bench.fault_engines import Engine, engine_of
     from mxnet_cpsgd.bench.fault_injector import ENGINE_KINDS, KINDS as ALL
     for engine, kinds in ENGINE_KINDS.items():
-        plan = plan_kinds(random.Random(2), len(kinds) + 2, ALL, False, engine=engine)
+        plan = plan_kinds(random.Random(2), len(kinds) + 2, ALL, engine)
         assert set(plan) == set(kinds), (engine, plan)  # each once, then draws of them
     assert set(ENGINE_KINDS["slurm"]) == {"kill-slurmd", "kill-step", "link-down"}
     assert set(ENGINE_KINDS["allreduce"]) == {"kill-rank", "stop-rank"}
     with pytest.raises(ValueError):
-        plan_kinds(random.Random(1), 2, ["drop-ssh"], False, engine="allreduce")
+        plan_kinds(random.Random(1), 2, ["drop-ssh"], "allreduce")
     assert engine_of("horovod-allreduce") == ("horovod", "allreduce")
     assert parse_args(["--out", "x", "--configs", "fp16-allreduce,ssgd-slurm"]).configs == \
         ["fp16-allreduce", "ssgd-slurm"]

@@ -63,13 +63,12 @@ class NoTarget(RuntimeError):
 
 
 def plan_kinds(rng: random.Random, count: int, kinds: Sequence[str],
-               on_hosts: bool, engine: Optional[str] = None) -> List[str]:
+               engine: str) -> List[str]:
     """``count`` fault kinds for one job, in a seeded order: every allowed kind
     once as far as ``count`` goes (the kinds that need hosts chosen first, so
     that a short job still gets them), then seeded draws.  Allowed: those of
-    ``kinds`` that apply to the ``engine`` (by default ``hosts`` or
-    ``local`` after ``on_hosts``)."""
-    applies = ENGINE_KINDS[engine or ("hosts" if on_hosts else "local")]
+    ``kinds`` that apply to the ``engine`` the job runs on (:data:`ENGINE_KINDS`)."""
+    applies = ENGINE_KINDS[engine]
     allowed = [k for k in kinds if k in applies]
     if not allowed:
         raise ValueError("no fault kind applies to this job (kinds %s)" % ", ".join(kinds))

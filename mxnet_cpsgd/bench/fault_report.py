@@ -17,7 +17,10 @@ def _median(values: List[float]) -> Optional[float]:
 
 def summarize(configs: List[Dict]) -> Dict:
     """Counts, medians and maxima over every injected fault of every configuration."""
-    faults = [f for c in configs for f in c["faults"] if f["injected_s"] is not None]
+    # (engine, fault) of every injected fault
+    injected = [(c["where"], f) for c in configs for f in c["faults"]
+                if f["injected_s"] is not None]
+    faults = [f for _, f in injected]
     recovered = [f for f in faults if f["recovered"]]
     times = [f["fault_to_training_s"] for f in recovered]
     detected = [f["detected_s"] - f["injected_s"] for f in recovered if f["detected_s"] is not None]
@@ -34,21 +37,18 @@ def summarize(configs: List[Dict]) -> Dict:
             "fault_to_training_max_s": max([f["fault_to_training_s"] for f in ok], default=None),
             "steps_recomputed_median": _median([f["steps_recomputed"] for f in ok])}
     per_engine_kind = {}
-    for engine in sorted({c["where"] for c in configs}):
-        for kind in sorted({f["kind"] for c in configs if c["where"] == engine
-                            for f in c["faults"] if f["injected_s"] is not None}):
-            mine = [f for c in configs if c["where"] == engine for f in c["faults"]
-                    if f["kind"] == kind and f["injected_s"] is not None]
-            ok = [f["fault_to_training_s"] for f in mine if f["recovered"]]
-            per_engine_kind["%s %s" % (engine, kind)] = {
-                "engine": engine, "kind": kind, "injected": len(mine),
-                "recovered_by_restart": sum(1 for f in mine if f["recovered"]
-                                            and f["restart"] is not None),
-                "survived_without_restart": sum(1 for f in mine if f["recovered"]
-                                                and f["restart"] is None),
-                "not_recovered": sum(1 for f in mine if not f["recovered"]),
-                "fault_to_training_median_s": _median(ok),
-                "fault_to_training_max_s": max(ok, default=None)}
+    for engine, kind in sorted({(where, f["kind"]) for where, f in injected}):
+        mine = [f for where, f in injected if where == engine and f["kind"] == kind]
+        ok = [f["fault_to_training_s"] for f in mine if f["recovered"]]
+        per_engine_kind["%s %s" % (engine, kind)] = {
+            "engine": engine, "kind": kind, "injected": len(mine),
+            "recovered_by_restart": sum(1 for f in mine if f["recovered"]
+                                        and f["restart"] is not None),
+            "survived_without_restart": sum(1 for f in mine if f["recovered"]
+                                            and f["restart"] is None),
+            "not_recovered": sum(1 for f in mine if not f["recovered"]),
+            "fault_to_training_median_s": _median(ok),
+            "fault_to_training_max_s": max(ok, default=None)}
     jobs_ok = [c for c in configs if c["exit_code"] == 0
                and all(f["recovered"] for f in c["faults"] if f["injected_s"] is not None)]
     return {

@@ -202,7 +202,7 @@ class Campaign:
 
     def _faulted_run(self, config, settings, engine, rng, result):
         args = self.args
-        kinds = plan_kinds(rng, args.faults_per_job, args.kinds, False, engine=engine.where)
+        kinds = plan_kinds(rng, args.faults_per_job, args.kinds, engine.where)
         self.log("%s: faulted run, faults planned: %s" % (config, ", ".join(kinds)))
         job, mark = self._start(config, "faulted", settings, args.seed, engine,
                                 args.faults_per_job + 3)
