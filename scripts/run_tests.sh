@@ -3,7 +3,8 @@
 # which must be built without build isolation), and runs the test suite.
 # Arguments go to pytest; --fast runs only the fast tier (tests/tiers.py: every test
 # module's unit tests and one real 2-worker job per transport) instead of every test.
-# The 15 slowest tests are listed at the end (where to look when the suite grows).
+# The 15 slowest tests are listed at the end of each lane (where to look when the suite
+# grows).
 set -euo pipefail
 args=()
 for arg in "$@"; do
@@ -57,5 +58,11 @@ if [ "${SKIP_HOROVOD:-0}" != 1 ] && ! .venv/bin/python -c 'import horovod.mxnet'
     HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
         .venv/bin/pip install -q --no-build-isolation --no-cache-dir '.[horovod]'
+fi
+# The whole suite (or the fast tier) runs in two lanes side by side: the tests that
+# build emulated hosts, one at a time, beside every other test (scripts/test_lanes.py).
+# Any other pytest argument, or CPSGD_TEST_LANES=1, runs one pytest as given.
+if [ "${CPSGD_TEST_LANES:-2}" != 1 ] && { [ ${#args[@]} -eq 0 ] || [ "${args[*]}" = "-m fast" ]; }; then
+    exec .venv/bin/python scripts/test_lanes.py .venv/bin/python ${args[1]:+"${args[1]}"}
 fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests ${args[@]+"${args[@]}"}

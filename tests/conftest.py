@@ -40,11 +40,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the fast tier listed in tests/tiers.py."""
+    """Mark the fast tier and the host lane listed in tests/tiers.py."""
     for item in items:
+        module = os.path.basename(str(item.fspath))
         function = getattr(item, "originalname", None) or item.name.partition("[")[0]
-        if tiers.is_fast(os.path.basename(str(item.fspath)), item.name, function):
+        if tiers.is_fast(module, item.name, function):
             item.add_marker(pytest.mark.fast)
+        if module in tiers.HOST_LANE:
+            item.add_marker(pytest.mark.hosts)
 
 
 def _cmdline(pid):

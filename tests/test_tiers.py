@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import re
+
 import tiers
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -48,3 +50,24 @@ def test_parametrized_entries_exist():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for node in ids:
         assert node in proc.stdout, (node, proc.stdout[-3000:])
+
+
+#: what a test module that builds emulated hosts uses (namespaces, sshd, Slurm, MPI)
+HOST_SIGNS = re.compile(r"make_hosts|EmulatedHosts|emulated_hosts|emulated_slurm|"
+                        r"netns|sshd|slurm|mpirun|cluster import hosts|cluster\.hosts")
+
+
+def test_every_module_that_builds_hosts_runs_in_the_host_lane():
+    """Two modules that build hosts must not run side by side (scripts/run_tests.sh
+    runs the host lane beside the other one): every module showing a sign of it is
+    in tiers.HOST_LANE, and every entry there is a test module."""
+    modules = sorted(name for name in os.listdir(TESTS_DIR)
+                     if name.startswith("test_") and name.endswith(".py"))
+    building = set()
+    for module in modules:
+        with open(os.path.join(TESTS_DIR, module)) as f:
+            if HOST_SIGNS.search(f.read()):
+                building.add(module)
+    building.discard("test_tiers.py")  # this file names the signs
+    assert sorted(building - set(tiers.HOST_LANE)) == []
+    assert sorted(set(tiers.HOST_LANE) - set(modules)) == []

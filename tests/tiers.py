@@ -101,6 +101,18 @@ NO_FAST = {
 }
 
 
+#: test modules that build emulated hosts (network namespaces with their own
+#: sshd, Slurm or MPI daemons): scripts/run_tests.sh runs them one at a time, in a
+#: lane of their own beside a second lane with every other test (loopback jobs
+#: and unit tests); tests/test_tiers.py checks that every module that builds hosts
+#: is listed.  conftest.py marks their tests ``hosts``.
+HOST_LANE = (
+    "test_allreduce_hosts.py", "test_bench.py", "test_cluster.py",
+    "test_faults_campaign.py", "test_host_wait.py", "test_mpi.py", "test_netem.py",
+    "test_reproduce_bench.py", "test_slurm.py", "test_timed_training.py",
+)
+
+
 def _matches(pattern, name, function):
     if "[" in pattern:
         return name == pattern
