@@ -119,8 +119,9 @@ def test_measured_cells_and_projection(tmp_path):
             run_dir = str(tmp_path / ("%s-s%d" % (label, seed)))
             for rank, pts in ranks.items():
                 _write_val(run_dir, rank, pts)
+            knobs = {"warmup_steps": 5} if label == "cp" else {}
             runs.append(Run(run_dir, {"label": label, "seed": seed, "experiment": "e",
-                                      "num_workers": 2, "rate": "10mbit"}))
+                                      "num_workers": 2, "rate": "10mbit", "knobs": knobs}))
     cells = measured_tta.measured_cells(runs, {"drops": [1.5]})
     by_label = {c.label: c for c in cells}
     target = (0.90 + 0.88) / 2 - 0.015
@@ -130,8 +131,9 @@ def test_measured_cells_and_projection(tmp_path):
     # cp seed 1 reaches at iteration 10 (mean 0.89); seed 2 at 20 (max(22, 26) / 2)
     assert by_label["cp"].seconds == {1: 6.0, 2: 13.0}
     assert by_label["cp"].iterations == {1: 10, 2: 20}
-    assert by_label["cp"].projected(50.0) == {1: 0.5, 2: 1.0}
-    text = measured_tta.measured_markdown(cells, {"e": {"cp": 50.0}})
+    assert (by_label["cp"].warmup, by_label["SSGD"].warmup) == (5, 0)
+    assert by_label["cp"].projected(50.0, 50.0) == {1: 0.5, 2: 1.0}
+    text = measured_tta.measured_markdown(cells, {"e": {"cp": 50.0, "SSGD": 50.0}})
     cp_row = next(line for line in text.splitlines() if "| cp |" in line)
     # paired: (6 - 20.5, 13 - 19) = (-14.5, -6): mean -10.25; ratio 0.75 / 9.5
     assert "-10.2 [" in cp_row and "| 0.08 |" in cp_row
@@ -145,6 +147,12 @@ def test_measured_cells_and_projection(tmp_path):
     assert measured_tta.bench_times(cells, {"bench_experiments": {"e": "b"},
                                             "bench_ms_per_iteration": {"e": {"cp": 5.0}}},
                                     [bench]) == {"e": {"cp": 5.0}}
+    # a dense warm-up of 15 iterations: those at the reference's ms, the rest at the run's
+    warm = measured_tta.Cell("e", 2, "10mbit", "cp", "SSGD", 1.5, target, warmup=15,
+                             seconds={1: 6.0, 2: 13.0}, iterations={1: 10, 2: 20})
+    assert warm.projected(50.0, 200.0) == {1: pytest.approx(10 * 0.2),
+                                          2: pytest.approx(15 * 0.2 + 5 * 0.05)}
+    assert warm.projected(50.0) == {}  # no reference time, no projection
     assert measured_tta.check_settings({"drops": [0]}) is not None
     assert measured_tta.check_settings({"drops": [0.5], "bench_ms_per_iteration":
                                         {"e": {"cp": 50.0}}}) is None

@@ -19,7 +19,9 @@ projection multiplies the same iteration counts by the spec's
 that the spec's bench experiment named in ``bench_experiments`` ({experiment: bench
 experiment}) measured for the label at the same M and rate (cpsgd-bench, the same
 model's shapes, alone on the machine); the ratio projection / measured says how far a projection is from what a
-run takes.
+run takes.  A run with a dense warm-up (its ``warmup_steps`` knob) exchanges as S-SGD
+does until then, so the projection counts its first ``warmup_steps`` iterations at the
+reference's ms per iteration and only the rest at its own.
 """
 import glob
 import json
@@ -119,15 +121,23 @@ class Cell:
     seconds: Dict[object, Optional[float]] = field(default_factory=dict)
     iterations: Dict[object, Optional[int]] = field(default_factory=dict)
     spacing: Optional[int] = None      # iterations between validations (largest)
+    warmup: int = 0                    # dense warm-up iterations (the runs' knob)
 
     def reached(self) -> List[object]:
         return [s for s, v in self.seconds.items() if v is not None]
 
-    def projected(self, ms: Optional[float]) -> Dict[object, float]:
-        """Per seed that reached the target: its iterations x ``ms`` (seconds)."""
-        if ms is None:
+    def projected(self, ms: Optional[float],
+                  warmup_ms: Optional[float] = None) -> Dict[object, float]:
+        """Per seed that reached the target, in seconds: its iterations x ``ms``;
+        with a warm-up, its first ``warmup`` iterations x ``warmup_ms`` (the
+        reference's) and the rest x ``ms`` (none without ``warmup_ms``)."""
+        if ms is None or (self.warmup and warmup_ms is None):
             return {}
-        return {s: self.iterations[s] * ms / 1e3 for s in self.reached()}
+        out = {}
+        for s in self.reached():
+            dense = min(self.iterations[s], self.warmup)
+            out[s] = (dense * (warmup_ms or 0.0) + (self.iterations[s] - dense) * ms) / 1e3
+        return out
 
 
 def measured_cells(runs: Sequence[Run], settings: Dict[str, object]) -> List[Cell]:
@@ -137,6 +147,7 @@ def measured_cells(runs: Sequence[Run], settings: Dict[str, object]) -> List[Cel
     drops = settings.get("drops") or [0.5, 1.0]
     wanted = settings.get("experiments")
     series: Dict[tuple, Dict[object, List[Point]]] = {}
+    warmups: Dict[tuple, int] = {}
     for run in runs:
         if wanted and run.experiment not in wanted:
             continue
@@ -144,6 +155,7 @@ def measured_cells(runs: Sequence[Run], settings: Dict[str, object]) -> List[Cel
         if points:
             key = (run.experiment, run.num_workers, run.rate, run.label)
             series.setdefault(key, {})[run.meta.get("seed")] = points
+            warmups[key] = max(warmups.get(key, 0), int(run.knobs.get("warmup_steps") or 0))
     cells = []
     for (exp, m, rate, label), by_seed in series.items():
         ref = series.get((exp, m, rate, reference))
@@ -154,7 +166,7 @@ def measured_cells(runs: Sequence[Run], settings: Dict[str, object]) -> List[Cel
                        for a, b in zip(pts, pts[1:])), default=None)
         for drop in drops:
             cell = Cell(exp, m, rate, label, reference, float(drop), final - drop / 100.0,
-                        spacing=spacing)
+                        spacing=spacing, warmup=warmups.get((exp, m, rate, label), 0))
             for seed, pts in sorted(by_seed.items(), key=lambda kv: str(kv[0])):
                 hit = first_reaching(pts, cell.target)
                 cell.seconds[seed] = hit.seconds if hit else None
@@ -220,7 +232,7 @@ def measured_markdown(cells: Sequence[Cell],
         reached = c.reached()
         measured = _mean([c.seconds[s] for s in reached])
         ms = (bench_ms.get(c.experiment) or {}).get(c.label)
-        projected = c.projected(ms)
+        projected = c.projected(ms, (bench_ms.get(c.experiment) or {}).get(c.reference))
         proj_mean = _mean(list(projected.values()))
         ratio = proj_mean / measured if proj_mean is not None and measured else None
         body.append([c.experiment, c.num_workers, c.rate or "loopback", c.label,
@@ -265,8 +277,9 @@ def measured_section(runs: Sequence[Run], settings: Dict[str, object],
           "clock leaves validation out and is divided by the time dilation; validations "
           "every %s iterations, so a time is at most one interval late. Projected: the "
           "same runs' iterations to the target x cpsgd-bench's ms per iteration (the "
-          "same model's shapes, the bench alone on the machine): a projection, not a "
-          "measurement." % (spacing if spacing else "n/a"), ""]
+          "same model's shapes, the bench alone on the machine), a run's dense warm-up "
+          "iterations at the reference's ms: a projection, not a measurement."
+          % (spacing if spacing else "n/a"), ""]
     if settings.get("bench_source"):
         md += ["Bench: %s" % settings["bench_source"], ""]
     md += [measured_markdown(cells, bench_times(cells, settings, bench_exps)), ""]
