@@ -17,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import time
 
 import mxnet as mx
 import pytest
@@ -32,7 +33,17 @@ WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
 MISSPELT = ["cpsgdd", "CPSGD_", "cp_sgd", "bitsdg", "local_cpsgd", "dist_cpsgdd",
             "dist_sync_cpsdg", "dist_asgd", "dist_typo", "topkk"]
 BOUND_S = 60  # the job must be over this long after it started (shared 2-core machine)
+#: nodes of MXNet's tools/launch.py may still be leaving this long after it returned
+UNWATCHED_EXIT_S = 15
 JOB_ENV = "DMLC_PS_ROOT_URI=127.0.0.1 DMLC_NODE_HOST=127.0.0.1 OMP_NUM_THREADS=1 PS_VERBOSE=0"
+
+
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
 
 
 def _tiny_module():
@@ -135,7 +146,15 @@ def test_misspelt_name_ends_the_job_under_every_launcher(python, mark, tmp_path,
             pass
         text = log.read_text(errors="replace")
         assert proc.poll() is not None, "the launcher still runs:\n" + text[-3000:]
-        assert not marked_processes(mark), "nodes outlived the job:\n" + text[-3000:]
+        if launcher == "tools/launch.py":
+            # MXNet's tracker returns when its scheduler ends, without waiting for
+            # the threads that run the servers: a server may still be leaving ps-lite
+            # (seen once, under load); every node must be gone within a stated bound
+            deadline = time.monotonic() + UNWATCHED_EXIT_S
+            while marked_processes(mark) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        left = {pid: _cmdline(pid) for pid in marked_processes(mark)}
+        assert not left, "nodes outlived the job: %s\n%s" % (left, text[-3000:])
         refusal = ("unknown kvstore 'cpsgdd' (a misspelling of 'cpsgd'?); known: ")
         if launcher == "cpsgd-launch":
             # the workers' own lines, relayed whole (the closing line quotes the error too)
