@@ -37,8 +37,15 @@ needs_hosts = pytest.mark.skipif(_REASON is not None,
 
 def mpi_env(hosts):
     """How mpirun reaches the emulated hosts: their ssh configuration, and its
-    own connections (orted back to mpirun) on the emulated network only."""
-    return {"OMPI_MCA_plm_rsh_agent": "ssh -F %s" % hosts.ssh_config,
+    own connections (orted back to mpirun) on the emulated network only.  The
+    emulated hosts share one /tmp and one host name, so every mpirun and orted of
+    every test would share Open MPI's session directory (/tmp/ompi.HOST.UID),
+    which the last one to leave removes: a test's mpirun could then find it gone
+    while creating it ("A call to mkdir was unable to create the desired
+    directory ... File exists", seen once, the test right after another MPI
+    test, under load).  Each set of hosts gets a session directory of its own."""
+    return {"OMPI_MCA_orte_tmpdir_base": os.path.join(hosts.dir, "ompi"),
+            "OMPI_MCA_plm_rsh_agent": "ssh -F %s" % hosts.ssh_config,
             "OMPI_MCA_oob_tcp_if_include": "198.18.0.0/16",
             "OMPI_MCA_rmaps_base_oversubscribe": "1",
             "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
