@@ -13,7 +13,6 @@ Usage: python scripts/test_lanes.py PYTHON [MARKER_EXPR]
     SIGTERM interrupts both lanes once (pytest then tears its tests down) and
     waits for them.
 """
-import os
 import signal
 import subprocess
 import sys

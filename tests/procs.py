@@ -30,6 +30,15 @@ def marked_processes(mark):
     return processes_with_env(**{MARK_VAR: mark})
 
 
+def marked_left_after(mark, timeout):
+    """pids still carrying MARK_VAR=mark after waiting up to ``timeout`` seconds
+    for them to leave on their own (none waited for with 0)."""
+    deadline = time.monotonic() + timeout
+    while marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return marked_processes(mark)
+
+
 def pid_alive(pid):
     """os.kill(pid, 0), counting zombies as dead."""
     try:

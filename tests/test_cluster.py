@@ -20,7 +20,8 @@ import time
 
 import numpy as np
 import pytest
-from procs import (MARK_VAR, kill_all, killed_after, listening, marked_processes,
+from procs import (MARK_VAR, kill_all, killed_after, listening, marked_left_after,
+                   marked_processes,
                    repo_pythonpath)
 
 from mxnet_cpsgd.cluster import hosts as emulated
@@ -406,9 +407,7 @@ def test_sigkilled_launcher_remote_nodes_die_with_their_sessions(make_hosts, lau
     assert launcher.wait_for(["[worker 0 on", "[worker 1 on"]), launcher.text[-4000:]
     launcher.proc.kill()
     launcher.proc.wait()
-    deadline = time.monotonic() + BOUND_S
-    while marked_processes(mark) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    marked_left_after(mark, BOUND_S)
     assert_nothing_left(hosts, mark)
 
 

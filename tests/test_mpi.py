@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from procs import MARK_VAR, killed_after, marked_processes, repo_pythonpath
+from procs import MARK_VAR, killed_after, marked_left_after, repo_pythonpath
 from test_cluster import (BOUND_S, CPSGD_SPEC, KV_LOOP, NODE_ENV, Launcher, _REASON,
                           assert_nothing_left, load_recording, node_pids)
 
@@ -99,10 +99,7 @@ def test_loopback_job(mark, tmp_path):
     assert "job started on mpirun hosts localhost (scheduler on 127.0.0.1)" in run.stdout
     assert "[worker 1 on localhost] index 1 127.0.0.1" in run.stdout
     assert "cpsgd-launch: job finished successfully" in run.stdout
-    deadline = time.monotonic() + 10
-    while marked_processes(mark) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not marked_processes(mark)
+    assert not marked_left_after(mark, 10)
 
 
 @needs_hosts

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import time
 
 import mxnet as mx
 import pytest
@@ -26,7 +25,8 @@ from mxnet import gluon
 import mxnet_cpsgd
 from mxnet_cpsgd.stores.registry import STORES
 from kvstore_ext import trainer_hook
-from procs import MARK_VAR, kill_launched, marked_processes
+from mxnet_cpsgd.cluster import procfs
+from procs import MARK_VAR, kill_launched, marked_left_after
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
@@ -36,14 +36,6 @@ BOUND_S = 60  # the job must be over this long after it started (shared 2-core m
 #: nodes of MXNet's tools/launch.py may still be leaving this long after it returned
 UNWATCHED_EXIT_S = 15
 JOB_ENV = "DMLC_PS_ROOT_URI=127.0.0.1 DMLC_NODE_HOST=127.0.0.1 OMP_NUM_THREADS=1 PS_VERBOSE=0"
-
-
-def _cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return "?"
 
 
 def _tiny_module():
@@ -146,14 +138,11 @@ def test_misspelt_name_ends_the_job_under_every_launcher(python, mark, tmp_path,
             pass
         text = log.read_text(errors="replace")
         assert proc.poll() is not None, "the launcher still runs:\n" + text[-3000:]
-        if launcher == "tools/launch.py":
-            # MXNet's tracker returns when its scheduler ends, without waiting for
-            # the threads that run the servers: a server may still be leaving ps-lite
-            # (seen once, under load); every node must be gone within a stated bound
-            deadline = time.monotonic() + UNWATCHED_EXIT_S
-            while marked_processes(mark) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        left = {pid: _cmdline(pid) for pid in marked_processes(mark)}
+        # MXNet's tracker returns when its scheduler ends, without waiting for the
+        # threads that run the servers: a server may still be leaving ps-lite (seen
+        # once, under load); the other launchers wait for their nodes
+        left = {pid: " ".join(procfs.cmdline(pid)) for pid in marked_left_after(
+            mark, UNWATCHED_EXIT_S if launcher == "tools/launch.py" else 0)}
         assert not left, "nodes outlived the job: %s\n%s" % (left, text[-3000:])
         refusal = ("unknown kvstore 'cpsgdd' (a misspelling of 'cpsgd'?); known: ")
         if launcher == "cpsgd-launch":

@@ -3,10 +3,9 @@ module out without a reason."""
 import ast
 import fnmatch
 import os
+import re
 import subprocess
 import sys
-
-import re
 
 import tiers
 
@@ -20,9 +19,13 @@ def _test_functions(module):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
 
 
+def _test_modules():
+    return sorted(name for name in os.listdir(TESTS_DIR)
+                  if name.startswith("test_") and name.endswith(".py"))
+
+
 def test_every_test_module_is_in_a_tier_or_says_why_not():
-    modules = {name for name in os.listdir(TESTS_DIR)
-               if name.startswith("test_") and name.endswith(".py")}
+    modules = set(_test_modules())
     assert not set(tiers.FAST) & set(tiers.NO_FAST)
     assert sorted(modules - set(tiers.FAST) - set(tiers.NO_FAST)) == []
     assert sorted((set(tiers.FAST) | set(tiers.NO_FAST)) - modules) == []
@@ -61,8 +64,7 @@ def test_every_module_that_builds_hosts_runs_in_the_host_lane():
     """Two modules that build hosts must not run side by side (scripts/run_tests.sh
     runs the host lane beside the other one): every module showing a sign of it is
     in tiers.HOST_LANE, and every entry there is a test module."""
-    modules = sorted(name for name in os.listdir(TESTS_DIR)
-                     if name.startswith("test_") and name.endswith(".py"))
+    modules = _test_modules()
     building = set()
     for module in modules:
         with open(os.path.join(TESTS_DIR, module)) as f:

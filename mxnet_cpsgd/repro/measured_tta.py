@@ -231,8 +231,9 @@ def measured_markdown(cells: Sequence[Cell],
     for c in cells:
         reached = c.reached()
         measured = _mean([c.seconds[s] for s in reached])
-        ms = (bench_ms.get(c.experiment) or {}).get(c.label)
-        projected = c.projected(ms, (bench_ms.get(c.experiment) or {}).get(c.reference))
+        times = bench_ms.get(c.experiment) or {}
+        ms = times.get(c.label)
+        projected = c.projected(ms, times.get(c.reference))
         proj_mean = _mean(list(projected.values()))
         ratio = proj_mean / measured if proj_mean is not None and measured else None
         body.append([c.experiment, c.num_workers, c.rate or "loopback", c.label,
