@@ -26,7 +26,7 @@ import tiers
 # a test that failed because a Horovod job crashed inside MXNet/Horovod runs once more
 from horovod_rerun import pytest_runtest_protocol  # noqa: F401
 from mxnet_cpsgd.launch import run_job
-from procs import kill_all, marked_processes, processes_with_env
+from procs import described, kill_all, marked_processes, processes_with_env
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
@@ -48,14 +48,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.fast)
         if module in tiers.HOST_LANE:
             item.add_marker(pytest.mark.hosts)
-
-
-def _cmdline(pid):
-    try:
-        with open("/proc/%s/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
 
 
 def job_processes(tag=None, port=None):
@@ -80,7 +72,7 @@ def _run(script, *args, num_workers=2, num_servers=1, env=None, timeout=20,
         match = re.search(r"scheduler port (\d+)", result.output)
         result.port = int(match.group(1)) if match else None
         left = job_processes(tag, result.port)
-        result.leftover = ["%d %s" % (pid, _cmdline(pid)) for pid in left]
+        result.leftover = [described(pid) for pid in left]
         result.text = "job failure: %s\n--- output tail ---\n%s" % (
             result.failure, result.output[-4000:])
         return result

@@ -39,6 +39,11 @@ def marked_left_after(mark, timeout):
     return marked_processes(mark)
 
 
+def described(pid):
+    """``"PID argv"`` for a failure message (argv cut at 100 characters; ``?`` once gone)."""
+    return "%d %s" % (pid, " ".join(procfs.cmdline(pid))[:100] or "?")
+
+
 def pid_alive(pid):
     """os.kill(pid, 0), counting zombies as dead."""
     try:

@@ -20,9 +20,8 @@ import time
 
 import numpy as np
 import pytest
-from procs import (MARK_VAR, kill_all, killed_after, listening, marked_left_after,
-                   marked_processes,
-                   repo_pythonpath)
+from procs import (MARK_VAR, described, kill_all, killed_after, listening,
+                   marked_left_after, marked_processes, repo_pythonpath)
 
 from mxnet_cpsgd.cluster import hosts as emulated
 from mxnet_cpsgd.cluster import procfs
@@ -175,18 +174,10 @@ def assert_nothing_left(hosts, mark):
         if time.monotonic() - start > bound:
             break
         time.sleep(0.2)
-    described = {a: [_cmdline(p) for p in pids] for a, pids in left.items()}
+    per_machine = {a: [described(p) for p in pids] for a, pids in left.items()}
     kill_all(marked)
     assert not marked and not left, "left behind: marked %s, per machine %s" % (
-        [_cmdline(p) for p in marked], described)
-
-
-def _cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return "%d %s" % (pid, f.read().replace(b"\0", b" ").decode(errors="replace")[:100])
-    except OSError:
-        return "%d ?" % pid
+        [described(p) for p in marked], per_machine)
 
 
 def load_recording(out, num_workers, output):
@@ -276,7 +267,7 @@ def test_remote_death_ends_the_job(make_hosts, launchers, mark, tmp_path, target
     else:
         watchdog = node_pids(mark, "worker", h2)[0]
         victim = procfs.ppid(watchdog)
-        assert victim in hosts.sshd_sessions(hosts.hosts[1]), (victim, _cmdline(victim))
+        assert victim in hosts.sshd_sessions(hosts.hosts[1]), (victim, described(victim))
         expected = "worker 0 on %s lost its ssh session (ssh exited with code 255" % h2
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -309,7 +300,7 @@ def test_stopped_remote_node_ends_the_job(make_hosts, launchers, mark, tmp_path,
     for pid in marked_processes(mark):
         host = procfs.environ(pid).get("DMLC_NODE_HOST", "")
         for address, _ in listening(pid):
-            assert address == host, (_cmdline(pid), address, host)
+            assert address == host, (described(pid), address, host)
     assert any(listening(p) for p in marked_processes(mark))
     victim = node_pids(mark, target, h2 if target == "worker" else h1)[1]
     os.kill(victim, signal.SIGSTOP)
