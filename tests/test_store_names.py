@@ -25,8 +25,7 @@ from mxnet import gluon
 import mxnet_cpsgd
 from mxnet_cpsgd.stores.registry import STORES
 from kvstore_ext import trainer_hook
-from mxnet_cpsgd.cluster import procfs
-from procs import MARK_VAR, kill_launched, marked_left_after
+from procs import MARK_VAR, described, kill_launched, marked_left_after
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 WORKERS_DIR = os.path.join(TESTS_DIR, "workers")
@@ -141,8 +140,8 @@ def test_misspelt_name_ends_the_job_under_every_launcher(python, mark, tmp_path,
         # MXNet's tracker returns when its scheduler ends, without waiting for the
         # threads that run the servers: a server may still be leaving ps-lite (seen
         # once, under load); the other launchers wait for their nodes
-        left = {pid: " ".join(procfs.cmdline(pid)) for pid in marked_left_after(
-            mark, UNWATCHED_EXIT_S if launcher == "tools/launch.py" else 0)}
+        left = [described(pid) for pid in marked_left_after(
+            mark, UNWATCHED_EXIT_S if launcher == "tools/launch.py" else 0)]
         assert not left, "nodes outlived the job: %s\n%s" % (left, text[-3000:])
         refusal = ("unknown kvstore 'cpsgdd' (a misspelling of 'cpsgd'?); known: ")
         if launcher == "cpsgd-launch":
