@@ -83,9 +83,7 @@ DEFAULTS = {
     "odsgd": {"warmup_steps": 200, "local_lr": None, "local_momentum": 0.0,
               "local_optimizer": "sgd", "local_wd": None},
     "cpsgd": {"threshold": 0.5, "correction_period": 5, "warmup_steps": 1000,
-              "correction_schedule": "aligned", "correction_delay": 0,
-              "correction_start": "own",  # when pushes start, not what they compute
-              "local_lr": None,
+              "correction_schedule": "aligned", "correction_delay": 0, "local_lr": None,
               "local_momentum": None, "local_optimizer": "sgd",
               "local_wd": 0.0, "momentum_path": "server", "local_input": None},
     "ssdsgd": {"warmup_steps": 499, "sync_period": 5, "glu_weight": 0.5,

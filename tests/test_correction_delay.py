@@ -6,7 +6,6 @@ the worker's own weights, the step after that from the newest global weights.
 A real 2-worker job is checked step by step against tests/reference.py's
 independent float64 statement of it (teacher-forced, as in test_reference.py).
 """
-import json
 import os
 import sys
 
@@ -130,52 +129,3 @@ def test_correction_delay_matches_reference(worker_job, devices):
     assert_nontrivial_quantization(traj)
     assert_reference_differs(rec, "cpsgd", dict(DELAY_KNOBS, correction_delay=0),
                              "the step after a correction must build on the own weights")
-
-
-def test_correction_start_is_checked():
-    resolve = config.resolve
-    assert resolve("cpsgd", CPSGD.defaults, {}, environ={}).correction_start == "own"
-    with pytest.raises(config.ConfigError, match="correction_start.*must be one of"):
-        resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1, "correction_start": "some"},
-                environ={})
-    with pytest.raises(config.ConfigError, match="correction_start='all'.*needs "
-                                                 "correction_delay=1"):
-        resolve("cpsgd", CPSGD.defaults, {"correction_start": "all"}, environ={})
-    cfg = resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1},
-                  environ={"MXNET_CPSGD_CORRECTION_START": "ALL"})
-    assert cfg.correction_start == "all"
-    plans = _plans(dict(DELAY_KNOBS, correction_start="all"), 12)
-    assert [t for t in range(12) if plans[t].push_after_every_worker] == [5, 8, 11]
-    assert not any(p.push_after_every_worker for p in _plans(DELAY_KNOBS, 12))
-    from mxnet_cpsgd.stores import catalog
-    accepting = [name for name, (_, d) in catalog.stores().items() if "correction_start" in d]
-    assert accepting == ["cpsgd"]
-
-
-def test_correction_start_all_matches_reference(worker_job):
-    """Holding the correction's pushes changes when they start, not what is computed:
-    the same reference as without it."""
-    knobs = dict(DELAY_KNOBS, correction_start="all")
-    rec = jobutil.run_recording(worker_job, spec("cpsgd", knobs, optimizer=MOMENTUM,
-                                                 iterations=20))
-    traj = check_against_reference(rec, "cpsgd", knobs)
-    assert [t for t in range(4, 20) if traj.push_kind[t] == "dense"] == [5, 8, 11, 14, 17]
-    assert_nontrivial_quantization(traj)
-
-
-@pytest.mark.parametrize("start", ["own", "all"])
-def test_correction_start_all_holds_pushes_until_every_worker(worker_job, tmp_path, start):
-    """Rank 1 stops before its correction step: with 'all' rank 0's correction push
-    waits for it (and goes once it comes), with 'own' it does not wait."""
-    result = worker_job("gate_worker.py", tmp_path, start, job_timeout=180)
-    assert result.returncode == 0, result.text
-    assert not result.leftover, result.leftover
-    ranks = []
-    for r in (0, 1):
-        with open(os.path.join(tmp_path, "gate-rank%d.json" % r)) as f:
-            ranks.append(json.load(f))
-    assert ranks[0]["held"] is (start == "all"), ranks[0]
-    assert ranks[0]["released"], ranks[0]
-    for r in ranks:
-        for values in r["weights"].values():
-            assert np.all(np.isfinite(values)), r

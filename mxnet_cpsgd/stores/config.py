@@ -159,10 +159,6 @@ KNOBS = {
                          "cpsgd: 1 lets the correction round take two compute periods (the "
                          "step after a correction builds on the worker's own weights); 0 "
                          "the authors' rule"),
-    "correction_start": (_choice("own", "all"),
-                         "cpsgd with correction_delay=1: when a worker starts the correction's "
-                         "full-precision pushes: 'own' once its own previous round has landed, "
-                         "'all' once every worker's has"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
     "local_lr": (_positive_float,
@@ -220,11 +216,6 @@ class AlgorithmConfig:
             periods (the step after a correction builds on the worker's own
             weights, the next one on the newest global weights again); 0 (default)
             the authors' rule.
-        correction_start: ``cpsgd`` with ``correction_delay=1``: when a worker
-            starts the correction's full-precision pushes: ``'own'`` (default) as
-            soon as its own previous round has landed, ``'all'`` once every
-            worker's has (a one-element round through the servers tells it,
-            without stopping the worker's compute).
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
@@ -265,7 +256,6 @@ class AlgorithmConfig:
     correction_period: Optional[int] = None
     correction_schedule: Optional[str] = None
     correction_delay: Optional[int] = None
-    correction_start: Optional[str] = None
     warmup_steps: Optional[int] = None
     sync_period: Optional[int] = None
     local_lr: Optional[float] = None
@@ -357,10 +347,6 @@ def resolve(algorithm, defaults, params=None, environ=None):
 
 def _check_correction_delay(settings, algorithm):
     if not settings.get("correction_delay"):
-        if settings.get("correction_start") == "all":
-            raise ConfigError("correction_start='all' (kvstore '%s') needs correction_delay=1 "
-                              "(without it the correction round has one compute period, "
-                              "and waiting for every worker would shorten it)" % algorithm)
         return
     clashes = []
     if (settings.get("correction_period") or 0) < 2:

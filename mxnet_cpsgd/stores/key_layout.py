@@ -41,9 +41,6 @@ from .server_optimizer import MIRROR_TRAILER
 
 # MXNet computes key * 9973 in a 32-bit int to pick a server
 _MAX_KEY = (2 ** 31 - 1) // 9973
-#: a one-element key no layout hands out (every chunk and mirror key is below it): its
-#: synchronous rounds tell a worker that every worker has reached a point
-SIGNAL_KEY = _MAX_KEY
 
 
 def bigarray_bound():

@@ -18,7 +18,6 @@ Per parameter the store keeps
 and the worker's weights are the Trainer's own parameter arrays (L).
 """
 import atexit
-import contextlib
 import os
 import pickle
 from typing import NamedTuple
@@ -31,8 +30,7 @@ from kvstore_ext import CompressionSwitch
 from . import config as config_mod
 from . import worker_momentum
 from .classic_api import ClassicCalls
-from .every_worker_gate import EveryWorkerGate
-from .key_layout import SIGNAL_KEY, KeyLayout, ParamBuffers, bigarray_bound
+from .key_layout import KeyLayout, ParamBuffers, bigarray_bound
 from .local_optimizer import LocalOptimizer
 from .policies.base import Local, Payload, Pull, Push
 from .server_optimizer import ServerOptimizer, state_size
@@ -90,7 +88,6 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         self._state_per_element = 0
         self._loaded_server_weights = {}  # index -> weights the servers apply next round
         self._pulls_in_flight = {}        # key -> arrays its latest pull writes
-        self._gate = None                 # EveryWorkerGate (correction_start='all')
         self._pending = {}                # key -> recorded pushpull of the open step
         self._step_left = set()           # trainable keys the open step still waits for
         self._checked = set()             # keys whose gradient arrays were checked
@@ -257,9 +254,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             for chunk in chunks:
                 lr_mult[chunk.key], wd_mult[chunk.key] = lr, wd
         self._kv.set_optimizer(ServerOptimizer(server_opt, lr_mult, wd_mult,
-                                               self._layout.mirror_base, SIGNAL_KEY))
-        if self._config.correction_start == "all" and self._gate is None:
-            self._gate = EveryWorkerGate(self._kv)  # collective, as set_optimizer is
+                                               self._layout.mirror_base))
 
     # ------------------------------------------------------------- broadcast
     def broadcast(self, key, value, out, priority=0):
@@ -308,14 +303,20 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             self._rounds[index] = 0
 
     def _dense_push(self, keys, values, priority=0):
-        with self._switch.dense() if self._switch is not None else contextlib.nullcontext():
+        if self._switch is not None:
+            with self._switch.dense():
+                self._kv.push(keys, values, priority=priority)
+        else:
             self._kv.push(keys, values, priority=priority)
 
     def _wait_for_pulls(self):
-        """Block until no pull of this store runs: the switch flips the compression
-        type that MXNet's pulls read on engine threads as they run (a change under
-        ``EncodeCompressedKey`` aborts: "Unsupported compression type: 0"); pushes
-        pick dense or compressed in the calling thread."""
+        """Block until no pull of this store runs (the compression switch needs that).
+
+        The switch flips the compression type that MXNet's pull operations also
+        read, on engine threads, while they run (``EncodeCompressedKey`` aborts
+        with "Unsupported compression type: 0" if the type changes under it).
+        Pushes are safe: MXNet picks dense or compressed in the calling thread.
+        """
         for targets in self._pulls_in_flight.values():
             for array in targets:
                 array.wait_to_read()
@@ -433,9 +434,6 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         if switched:
             self._wait_for_pulls()  # the next local update needs them anyway
             with self._switch.dense():
-                held = [it.param.send for it in items if it.plan.push_after_every_worker]
-                if held:
-                    self._gate.hold(held)
                 for param, _, priority in switched:
                     self._push_send(param, priority)
             pulls.extend(switched)

@@ -83,16 +83,13 @@ class ServerOptimizer:
         lr_mult: store key -> learning-rate multiplier.
         wd_mult: store key -> weight-decay multiplier.
         mirror_base: keys at or above this are mirror keys.
-        signal_key: a key whose rounds carry no weights (only their timing counts):
-            never updated, no state.
     """
 
-    def __init__(self, optimizer, lr_mult, wd_mult, mirror_base, signal_key=None):
+    def __init__(self, optimizer, lr_mult, wd_mult, mirror_base):
         optimizer.lr_mult = dict(lr_mult)
         optimizer.wd_mult = dict(wd_mult)
         self.optimizer = optimizer
         self.mirror_base = mirror_base
-        self.signal_key = signal_key
         self._reset()
 
     def _reset(self):
@@ -112,13 +109,11 @@ class ServerOptimizer:
         return self.optimizer.multi_precision
 
     def __getstate__(self):
-        return {"optimizer": self.optimizer, "mirror_base": self.mirror_base,
-                "signal_key": self.signal_key}
+        return {"optimizer": self.optimizer, "mirror_base": self.mirror_base}
 
     def __setstate__(self, state):
         self.optimizer = state["optimizer"]
         self.mirror_base = state["mirror_base"]
-        self.signal_key = state.get("signal_key")
         self._reset()
 
     def _set_current_context(self, device_id):
@@ -131,7 +126,7 @@ class ServerOptimizer:
             _die("creating the optimizer state of key %r" % (index,))
 
     def _create_state(self, index, weight):
-        if index >= self.mirror_base:  # mirrors and the signal key keep no state
+        if index >= self.mirror_base:
             return None
         state = self.optimizer.create_state_multi_precision(index, weight)
         mirror = self._mirrors.get(index)
@@ -147,8 +142,6 @@ class ServerOptimizer:
 
     def _update(self, index, weight, grad, state):
         first = index[0] if isinstance(index, (list, tuple)) else index
-        if first == self.signal_key:
-            return
         if first < self.mirror_base:
             if self._pending_weights:
                 pairs = zip(index, weight) if isinstance(index, (list, tuple)) \

@@ -28,7 +28,6 @@ KNOB_FLAGS = {
     "correction_period": ("--correction-period", int),
     "correction_schedule": ("--correction-schedule", str),
     "correction_delay": ("--correction-delay", int),
-    "correction_start": ("--correction-start", str),
     "warmup_steps": ("--warmup-steps", int),
     "sync_period": ("--sync-period", int),
     "local_lr": ("--local-lr", float),

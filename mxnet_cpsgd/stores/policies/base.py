@@ -39,8 +39,6 @@ class StepPlan:
     pull: Pull
     local: Local
     payload: Payload = Payload.GRADIENT
-    # a dense push that starts only once every worker's previous round has landed
-    push_after_every_worker: bool = False
 
 
 # plain synchronous SGD: push full precision, wait for the new weights

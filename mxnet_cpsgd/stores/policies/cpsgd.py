@@ -15,10 +15,7 @@ the authors' rule (every phase 0).
 
 ``correction_delay=1`` gives the correction round two compute periods: the
 correction step pulls nothing and the step after it starts its local update
-from the worker's own weights (docs/algorithms/cpsgd.md).  With it,
-``correction_start='all'`` holds each worker's full-precision pushes until
-every worker's previous (compressed) round has landed, so that the first
-workers' dense pushes do not share the links with the last workers' pulls.
+from the worker's own weights (docs/algorithms/cpsgd.md).
 
 ``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
@@ -36,9 +33,6 @@ _COMPRESSED = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL)
 # correction_delay=1: the correction's weights are never a base, so nothing pulls them;
 # the step after it builds on the worker's own weights
 _CORRECTION_UNPULLED = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL)
-# correction_start='all': the same, its pushes held until every worker's round before landed
-_CORRECTION_UNPULLED_AFTER_ALL = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL,
-                                          push_after_every_worker=True)
 _AFTER_CORRECTION = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL)
 
 
@@ -73,7 +67,6 @@ class CPSGD(Policy):
     # restores it)
     defaults = {"type": "2bit", "threshold": 0.5, "correction_period": 5,
                 "correction_schedule": "aligned", "correction_delay": 0,
-                "correction_start": "own",
                 "warmup_steps": 1000, "local_lr": None, "local_momentum": None,
                 "local_optimizer": "sgd", "local_wd": 0.0, "momentum_path": "server",
                 "local_input": None}
@@ -103,10 +96,7 @@ class CPSGD(Policy):
         phase = self._phases.get(key, 0)
         period, delay = self.config.correction_period, self.config.correction_delay
         if (step + 1 - phase) % period == 0:
-            if not delay:
-                return _CORRECTION
-            return (_CORRECTION_UNPULLED_AFTER_ALL if self.config.correction_start == "all"
-                    else _CORRECTION_UNPULLED)
+            return _CORRECTION_UNPULLED if delay else _CORRECTION
         if delay and (step - phase) % period == 0 and not self.in_warmup(step - 1):
             return _AFTER_CORRECTION
         return _COMPRESSED
