@@ -370,3 +370,18 @@ def test_niced_launcher_lowers_its_nodes_sessions(tmp_path, mark):
     assert len(lines) == 2 and all(l.endswith("autogroup %d nice %d" % (nice, nice))
                                    for l in lines), proc.stdout[-3000:]
     assert marked_processes(mark) == []
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable():
+    """Scheduler ports come from below the kernel's ephemeral range, where ps-lite's
+    servers and workers (which bind port 0) cannot be handed them."""
+    import socket
+    from mxnet_cpsgd.cluster.nodes import FREE_PORT_LOW, free_port
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    for _ in range(20):
+        port = free_port()
+        if ephemeral_low - FREE_PORT_LOW >= 1000:
+            assert FREE_PORT_LOW <= port < ephemeral_low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

@@ -46,7 +46,7 @@ FAST = {
                         "test_knob_in_environment_is_rejected"],
     "test_key_layout.py": ["*"],
     "test_knob_table.py": ["*"],
-    "test_launch.py": ["test_run_job_rejects_bad_input", "test_parse_env_*",
+    "test_launch.py": ["test_run_job_rejects_bad_input", "test_free_port_*", "test_parse_env_*",
                        "test_cli_rejects_bad_input", "test_host_file_slots_bound_the_workers"],
     "test_layout.py": ["*"],
     "test_netem.py": ["test_parse_spec*", "test_queue_rejects", "test_dilate_spec",

@@ -7,6 +7,7 @@ remote host.  :mod:`.local_nodes` and :mod:`.remote_nodes` build them,
 """
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,8 +52,36 @@ class LaunchError(ValueError):
     """Invalid launcher input, detected before anything is started."""
 
 
+#: lowest port :func:`free_port` picks from (below the kernel's ephemeral range)
+FREE_PORT_LOW = 20000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
+    """A TCP port that is free on 127.0.0.1 right now.
+
+    Chosen below the kernel's ephemeral range where there is room: ps-lite's servers
+    and workers bind ports the kernel hands out from that range, so a scheduler port
+    from it could be taken by another node (of this job or another) between this call
+    and the scheduler's bind, and that node would then receive the scheduler's messages.
+    """
+    low, high = FREE_PORT_LOW, _ephemeral_low() - 1
+    pick = random.SystemRandom()
+    for _ in range(100 if high - low >= 1000 else 0):
+        port = pick.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
