@@ -14,13 +14,13 @@ message.
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
 from mxnet_cpsgd import launch
+from mxnet_cpsgd.cluster.nodes import free_port
 from mxnet_cpsgd.stores import config
 from mxnet_cpsgd.stores.policies import POLICIES
 
@@ -59,19 +59,13 @@ CASES = {
 }
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def probe(python):
     """Run every case in one subprocess; returns (outcomes, stderr, seconds, timed_out)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DMLC_", config.ENV_PREFIX))}
     env.update(DMLC_ROLE="worker", DMLC_PS_ROOT_URI="127.0.0.1",
-               DMLC_PS_ROOT_PORT=str(_free_port()), DMLC_NUM_SERVER="1",
+               DMLC_PS_ROOT_PORT=str(free_port()), DMLC_NUM_SERVER="1",
                DMLC_NUM_WORKER="2", DMLC_NODE_HOST="127.0.0.1", OMP_NUM_THREADS="1",
                PS_VERBOSE="0")
     started = time.monotonic()
