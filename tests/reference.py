@@ -48,6 +48,9 @@ Algorithms (what ``simulate`` does per iteration t):
             t % correction_period == 0 (the step after a correction), the local
             step starts from the worker's own weights, L_{t+1} = Opt_l(L_t, g_t);
             every other step from W_t as above (so step t + 1 from W_{t+1}).
+            correction_delay 2: the same, and if t - 1 >= warmup and
+            (t + 1) % correction_period == 0 (the correction itself) also
+            L_{t+1} = Opt_l(L_t, g_t).
   ssdsgd:   warm-up as ssgd.  After: push g dense every round; with n = t - warmup
             and k = sync_period, the base is W_t (the newest pulled global weights)
             if n % k == 0, else L_t; L_{t+1} = GLU(base, g) with
@@ -405,8 +408,11 @@ def simulate(algorithm: str, w0: Weights, grad_fn: Callable[[int, int, Weights],
             else:
                 pushes = g
             k = cfg.get("correction_period")
-            if cfg.get("correction_delay") and t - 1 >= warmup and t % k == 0:
-                # the step after a correction: from the worker's own weights
+            delay = cfg.get("correction_delay") or 0
+            if t - 1 >= warmup and ((delay >= 1 and t % k == 0) or
+                                    (delay >= 2 and (t + 1) % k == 0)):
+                # the step after a correction (with delay 2 the correction too):
+                # from the worker's own weights
                 L = [local_opts[i].step_all(L[i], local_g[i]) for i in range(M)]
             else:
                 # local step from the newest global weights the worker holds: W_t

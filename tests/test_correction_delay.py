@@ -1,8 +1,10 @@
-"""cpsgd's ``correction_delay=1``: the correction round may take two compute periods.
+"""cpsgd's ``correction_delay``: the correction round may take two compute periods.
 
 The rule (docs/algorithms/cpsgd.md, "Correction round over two periods"): the
 correction step pulls nothing, the step after it starts its local update from
 the worker's own weights, the step after that from the newest global weights.
+With 2 the step before the correction pulls nothing either and the correction
+step builds on the own weights too.
 A real 2-worker job is checked step by step against tests/reference.py's
 independent float64 statement of it (teacher-forced, as in test_reference.py).
 """
@@ -30,6 +32,7 @@ from mxnet_cpsgd.stores.policies.base import Local, Pull, Push  # noqa: E402
 #: warm-up t = 0..3, corrections at t = 5, 8, 11, ...; local momentum set here so
 #: that the test does not depend on the store's default
 DELAY_KNOBS = dict(CPSGD_KNOBS, correction_delay=1, local_momentum=0.5)
+DELAY2_KNOBS = dict(DELAY_KNOBS, correction_delay=2)
 
 
 def _plans(knobs, steps):
@@ -66,14 +69,55 @@ def test_a_correction_on_the_last_warmup_step_is_not_delayed():
     assert plans[7].pull is Pull.NONE and plans[8].local is Local.FROM_LOCAL
 
 
+def test_plan_of_each_step_with_delay_2():
+    """the step before the correction pulls nothing; the correction and the step
+    after it build on the own weights; the step after them on W again."""
+    plans = _plans(DELAY2_KNOBS, 12)
+    for t in range(4):
+        assert plans[t].pull is Pull.SYNC
+    for t in (4, 7, 10):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.COMPRESSED, Pull.NONE, Local.FROM_GLOBAL), t
+    for t in (5, 8, 11):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.DENSE, Pull.NONE, Local.FROM_LOCAL), t
+    for t in (6, 9):
+        assert (plans[t].push, plans[t].pull, plans[t].local) == \
+            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL), t
+    # period 4 (corrections at 7, 11): 6, 7, 10, 11 pull nothing; 7, 8, 11, 12 build
+    # on the own weights
+    plans = _plans(dict(DELAY2_KNOBS, correction_period=4), 13)
+    assert [t for t in range(4, 13) if plans[t].pull is Pull.NONE] == [6, 7, 10, 11]
+    assert [t for t in range(4, 13) if plans[t].local is Local.FROM_LOCAL] == [7, 8, 11, 12]
+
+
+def test_a_correction_after_the_last_warmup_step_builds_on_the_pull():
+    """warm-up 4, period 5, delay 2: t = 3 is warm-up, so its synchronous pull is the
+    base of the correction at t = 4; t = 5 builds on the own weights."""
+    plans = _plans(dict(DELAY2_KNOBS, warmup_steps=4, correction_period=5), 11)
+    assert plans[3].pull is Pull.SYNC
+    assert (plans[4].push, plans[4].pull, plans[4].local) == \
+        (Push.DENSE, Pull.NONE, Local.FROM_GLOBAL)
+    assert plans[5].local is Local.FROM_LOCAL and plans[5].pull is Pull.BACKGROUND
+    assert (plans[8].pull, plans[9].local, plans[10].local) == \
+        (Pull.NONE, Local.FROM_LOCAL, Local.FROM_LOCAL)
+
+
 def test_bad_combinations_are_refused():
     resolve = config.resolve
-    for bad in (2, -1, "x", 0.5, True):
-        with pytest.raises(config.ConfigError, match="correction_delay.*must be 0 or 1"):
+    for bad in (3, -1, "x", 0.5, True):
+        with pytest.raises(config.ConfigError,
+                           match="correction_delay.*must be 0, 1 or 2"):
             resolve("cpsgd", CPSGD.defaults, {"correction_delay": bad}, environ={})
     with pytest.raises(config.ConfigError, match="correction_period >= 2"):
         resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1, "correction_period": 1},
                 environ={})
+    with pytest.raises(config.ConfigError,
+                       match="correction_delay=2 .*correction_period >= 3 \\(got 2\\)"):
+        resolve("cpsgd", CPSGD.defaults, {"correction_delay": 2, "correction_period": 2},
+                environ={})
+    assert resolve("cpsgd", CPSGD.defaults, {"correction_delay": 2, "correction_period": 3},
+                   environ={}).correction_delay == 2
     with pytest.raises(config.ConfigError, match="correction_schedule='aligned'"):
         resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1,
                                           "correction_schedule": "staggered"}, environ={})
@@ -117,6 +161,35 @@ def test_reference_rule_by_hand():
         np.testing.assert_allclose(traj.server[t + 1]["p"], W, rtol=1e-12)
 
 
+def test_reference_rule_by_hand_with_delay_2():
+    """The reference, one worker, plain SGD, delay 2: bases W, own, own, W, ..."""
+    w0 = {"p": np.array([1.0, -2.0])}
+    grads = [np.array([0.5, 0.25]) * (t + 1) for t in range(9)]
+    lr, warmup, k = 0.1, 1, 3  # corrections at t = 2, 5, 8; own bases at 2, 3, 5, 6, 8
+    knobs = {"warmup_steps": warmup, "correction_period": k, "threshold": 1.0,
+             "correction_delay": 2}
+    traj = ref.simulate("cpsgd", w0, lambda i, t, w: {"p": grads[t]}, 1, 9, 1, lr,
+                        knobs=knobs)
+    W, L, q_res = w0["p"].copy(), None, np.zeros(2)
+    for t in range(9):
+        g = grads[t]
+        if t < warmup:
+            W = W - lr * g
+            L = W.copy()
+            continue
+        base = L if t in (2, 3, 5, 6, 8) else W
+        L = base - lr * g
+        if (t + 1) % k == 0:
+            push = g
+        else:
+            q_res = q_res + g
+            push = np.where(q_res >= 1.0, 1.0, np.where(q_res <= -1.0, -1.0, 0.0))
+            q_res = q_res - push
+        W = W - lr * push
+        np.testing.assert_allclose(traj.local[t + 1][0]["p"], L, rtol=1e-12)
+        np.testing.assert_allclose(traj.server[t + 1]["p"], W, rtol=1e-12)
+
+
 @pytest.mark.parametrize("devices", [1, 2])
 def test_correction_delay_matches_reference(worker_job, devices):
     """A real 2-worker job (the Trainer's momentum on the servers, local momentum
@@ -129,3 +202,15 @@ def test_correction_delay_matches_reference(worker_job, devices):
     assert_nontrivial_quantization(traj)
     assert_reference_differs(rec, "cpsgd", dict(DELAY_KNOBS, correction_delay=0),
                              "the step after a correction must build on the own weights")
+
+
+def test_correction_delay_2_matches_reference(worker_job):
+    """The same real 2-worker job with delay 2 follows the reference step by step;
+    the rule of delay 1 does not."""
+    rec = jobutil.run_recording(worker_job, spec("cpsgd", DELAY2_KNOBS, optimizer=MOMENTUM,
+                                                 iterations=20))
+    traj = check_against_reference(rec, "cpsgd", DELAY2_KNOBS)
+    assert [t for t in range(4, 20) if traj.push_kind[t] == "dense"] == [5, 8, 11, 14, 17]
+    assert_nontrivial_quantization(traj)
+    assert_reference_differs(rec, "cpsgd", DELAY_KNOBS,
+                             "the correction step must build on the own weights")

@@ -103,8 +103,9 @@ def _int_choice(*choices):
         except (TypeError, ValueError):
             ok = False
         if not ok or int(float(value)) != float(value):
+            names = [str(c) for c in choices]
             raise ConfigError("%s must be %s, got %r"
-                              % (name, " or ".join(str(c) for c in choices), value))
+                              % (name, ", ".join(names[:-1]) + " or " + names[-1], value))
         return int(float(value))
     check.choices = choices  # what a command line lists
     return check
@@ -155,10 +156,11 @@ KNOBS = {
                             "'staggered' (each parameter at "
                             "its own phase, about 1/correction_period of the bytes per "
                             "iteration)"),
-    "correction_delay": (_int_choice(0, 1),
+    "correction_delay": (_int_choice(0, 1, 2),
                          "cpsgd: 1 lets the correction round take two compute periods (the "
-                         "step after a correction builds on the worker's own weights); 0 "
-                         "the authors' rule"),
+                         "step after a correction builds on the worker's own weights); 2 "
+                         "also the compressed round before it (the correction step builds "
+                         "on the own weights too); 0 the authors' rule"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
     "local_lr": (_positive_float,
@@ -214,8 +216,10 @@ class AlgorithmConfig:
             the model's bytes) (``cpsgd``).
         correction_delay: ``cpsgd``: 1 lets the correction round take two compute
             periods (the step after a correction builds on the worker's own
-            weights, the next one on the newest global weights again); 0 (default)
-            the authors' rule.
+            weights, the next one on the newest global weights again); 2 also
+            leaves the compressed round before the correction unwaited for (the
+            correction step builds on the own weights too); 0 (default) the
+            authors' rule.
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
@@ -349,15 +353,18 @@ def _check_correction_delay(settings, algorithm):
     if not settings.get("correction_delay"):
         return
     clashes = []
-    if (settings.get("correction_period") or 0) < 2:
-        clashes.append("correction_period >= 2 (got %r)" % settings.get("correction_period"))
+    delay = settings["correction_delay"]
+    # every period keeps one step that builds on pulled global weights
+    if (settings.get("correction_period") or 0) < delay + 1:
+        clashes.append("correction_period >= %d (got %r)"
+                       % (delay + 1, settings.get("correction_period")))
     if settings.get("correction_schedule") == "staggered":
         clashes.append("correction_schedule='aligned'")
     if settings.get("momentum_path") == "worker":
         clashes.append("momentum_path='server'")
     if clashes:
-        raise ConfigError("correction_delay=1 (kvstore '%s') needs %s"
-                          % (algorithm, " and ".join(clashes)))
+        raise ConfigError("correction_delay=%d (kvstore '%s') needs %s"
+                          % (delay, algorithm, " and ".join(clashes)))
 
 
 __all__ = ["AlgorithmConfig", "ConfigError", "KNOBS", "resolve", "env_settings",

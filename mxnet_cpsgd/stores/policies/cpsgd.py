@@ -15,7 +15,10 @@ the authors' rule (every phase 0).
 
 ``correction_delay=1`` gives the correction round two compute periods: the
 correction step pulls nothing and the step after it starts its local update
-from the worker's own weights (docs/algorithms/cpsgd.md).
+from the worker's own weights.  ``correction_delay=2`` also lets the compressed
+round before the correction go unwaited for: the step before the correction
+pulls nothing and the correction step builds on the own weights too
+(docs/algorithms/cpsgd.md).
 
 ``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
@@ -30,10 +33,14 @@ from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
 _CORRECTION = StepPlan(Push.DENSE, Pull.BACKGROUND, Local.FROM_GLOBAL)
 _COMPRESSED = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL)
-# correction_delay=1: the correction's weights are never a base, so nothing pulls them;
+# correction_delay >= 1: the correction's weights are never a base, so nothing pulls them;
 # the step after it builds on the worker's own weights
 _CORRECTION_UNPULLED = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL)
 _AFTER_CORRECTION = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL)
+# correction_delay=2: the weights of the round before the correction are never a base
+# either; the correction step builds on the own weights
+_BEFORE_CORRECTION_UNPULLED = StepPlan(Push.COMPRESSED, Pull.NONE, Local.FROM_GLOBAL)
+_CORRECTION_FROM_LOCAL = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_LOCAL)
 
 
 def staggered_phases(sizes, period):
@@ -96,7 +103,13 @@ class CPSGD(Policy):
         phase = self._phases.get(key, 0)
         period, delay = self.config.correction_period, self.config.correction_delay
         if (step + 1 - phase) % period == 0:
-            return _CORRECTION_UNPULLED if delay else _CORRECTION
+            if not delay:
+                return _CORRECTION
+            # after a warm-up step the worker's weights are the synchronous pull's
+            own = delay >= 2 and not self.in_warmup(step - 1)
+            return _CORRECTION_FROM_LOCAL if own else _CORRECTION_UNPULLED
         if delay and (step - phase) % period == 0 and not self.in_warmup(step - 1):
             return _AFTER_CORRECTION
+        if delay >= 2 and (step + 2 - phase) % period == 0:
+            return _BEFORE_CORRECTION_UNPULLED
         return _COMPRESSED
