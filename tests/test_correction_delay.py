@@ -103,6 +103,20 @@ def test_a_correction_after_the_last_warmup_step_builds_on_the_pull():
         (Pull.NONE, Local.FROM_LOCAL, Local.FROM_LOCAL)
 
 
+def test_plan_of_a_store_without_the_knob():
+    """the all-reduce cpsgd_<compressor> stores have no correction_delay (None): their
+    plans are the authors' rule"""
+    from mxnet_cpsgd.stores import catalog
+    _, defaults = catalog.stores()["cpsgd_fp16"]
+    cfg = config.resolve("cpsgd_fp16", defaults, {"warmup_steps": 4, "correction_period": 3},
+                         environ={})
+    assert cfg.correction_delay is None
+    policy = CPSGD(cfg)
+    plans = [policy.plan(t, 0) for t in range(12)]
+    assert all(p.local is not Local.FROM_LOCAL for p in plans)
+    assert [t for t in range(4, 12) if plans[t].push is Push.DENSE] == [5, 8, 11]
+
+
 def test_bad_combinations_are_refused():
     resolve = config.resolve
     for bad in (3, -1, "x", 0.5, True):

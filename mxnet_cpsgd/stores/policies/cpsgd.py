@@ -101,7 +101,8 @@ class CPSGD(Policy):
         if self.in_warmup(step):
             return SYNC_SGD
         phase = self._phases.get(key, 0)
-        period, delay = self.config.correction_period, self.config.correction_delay
+        # the all-reduce cpsgd_<compressor> stores leave it unset (None)
+        period, delay = self.config.correction_period, self.config.correction_delay or 0
         if (step + 1 - phase) % period == 0:
             if not delay:
                 return _CORRECTION
