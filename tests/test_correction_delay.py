@@ -27,6 +27,7 @@ from test_reference import (CPSGD_KNOBS, assert_nontrivial_quantization,  # noqa
 
 from mxnet_cpsgd.stores import config  # noqa: E402
 from mxnet_cpsgd.stores.policies import CPSGD  # noqa: E402
+from mxnet_cpsgd.stores.policies.cpsgd import DELAY_FROM_WORKERS  # noqa: E402
 from mxnet_cpsgd.stores.policies.base import Local, Pull, Push  # noqa: E402
 
 #: warm-up t = 0..3, corrections at t = 5, 8, 11, ...; local momentum set here so
@@ -117,6 +118,28 @@ def test_plan_of_a_store_without_the_knob():
     assert [t for t in range(4, 12) if plans[t].push is Push.DENSE] == [5, 8, 11]
 
 
+def _delay_at(knobs, workers):
+    policy = CPSGD(config.resolve("cpsgd", CPSGD.defaults, knobs, environ={}))
+    policy.set_num_workers(workers)
+    return policy.correction_delay
+
+
+def test_unset_delay_is_2_from_16_workers_where_the_other_knobs_allow_it():
+    assert DELAY_FROM_WORKERS == 16
+    assert [_delay_at({}, m) for m in (1, 2, 4, 8, 15, 16, 32, 64)] == [0] * 5 + [2] * 3
+    for knobs in ({"correction_period": 2}, {"correction_schedule": "staggered"},
+                  {"momentum_path": "worker"}):
+        assert _delay_at(knobs, 16) == 0, knobs
+    # a value the user sets is kept at every worker count
+    assert [_delay_at({"correction_delay": d}, m) for d in (0, 1, 2) for m in (4, 16)] == \
+        [0, 0, 1, 1, 2, 2]
+    # before the store tells the worker count, an unset delay plans as 0
+    policy = CPSGD(config.resolve("cpsgd", CPSGD.defaults, {}, environ={}))
+    assert policy.correction_delay == 0
+    policy.set_num_workers(16)
+    assert policy.plan(1003, 0).pull is Pull.NONE  # (1003 + 2) % 5 == 0: before a correction
+
+
 def test_bad_combinations_are_refused():
     resolve = config.resolve
     for bad in (3, -1, "x", 0.5, True):
@@ -138,7 +161,7 @@ def test_bad_combinations_are_refused():
     with pytest.raises(config.ConfigError, match="momentum_path='server'"):
         resolve("cpsgd", CPSGD.defaults, {"correction_delay": 1, "momentum_path": "worker"},
                 environ={})
-    assert resolve("cpsgd", CPSGD.defaults, {}, environ={}).correction_delay == 0
+    assert resolve("cpsgd", CPSGD.defaults, {}, environ={}).correction_delay is None
     assert resolve("cpsgd", CPSGD.defaults, {}, environ={"MXNET_CPSGD_CORRECTION_DELAY": "1"}
                    ).correction_delay == 1
     from mxnet_cpsgd.stores import catalog

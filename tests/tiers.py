@@ -32,7 +32,7 @@ FAST = {
                             "test_stores_are_registered"],
     "test_cp_compressors.py": ["test_bad_combinations_fail_before_the_first_step"],
     "test_correction_delay.py": ["test_plan_*", "test_a_correction_*", "test_bad_*",
-                                 "test_reference_*"],
+                                 "test_reference_*", "test_unset_*"],
     "test_data.py": ["*"],
     "test_exchange_knob.py": ["*"],
     "test_docs.py": ["*"],

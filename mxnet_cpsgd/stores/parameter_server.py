@@ -139,6 +139,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             return  # a second Trainer reuses the store as it is
         self._start()
         self._policy = self.policy_class(self._config)
+        self._policy.set_num_workers(self._kv.num_workers)
         self._worker_momentum = worker_momentum.for_config(self._config)
         if self._policy.uses_compression:
             switch = CompressionSwitch(self._kv)

@@ -74,6 +74,9 @@ class Policy:
         """
         raise NotImplementedError
 
+    def set_num_workers(self, num_workers):
+        """Called once the job's worker count is known, before the first plan."""
+
     def set_keys(self, sizes):
         """Called by the store once it knows its parameters, before the first step.
 
