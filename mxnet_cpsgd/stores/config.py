@@ -351,11 +351,10 @@ def resolve(algorithm, defaults, params=None, environ=None):
     return AlgorithmConfig(algorithm, **settings)
 
 
-def _check_correction_delay(settings, algorithm):
-    if not settings.get("correction_delay"):
-        return
+def correction_delay_clashes(settings, delay):
+    """What a ``correction_delay`` of ``delay`` (>= 1) needs that ``settings`` (knob ->
+    value) lacks, as phrases for an error message; empty when nothing."""
     clashes = []
-    delay = settings["correction_delay"]
     # every period keeps one step that builds on pulled global weights
     if (settings.get("correction_period") or 0) < delay + 1:
         clashes.append("correction_period >= %d (got %r)"
@@ -364,6 +363,14 @@ def _check_correction_delay(settings, algorithm):
         clashes.append("correction_schedule='aligned'")
     if settings.get("momentum_path") == "worker":
         clashes.append("momentum_path='server'")
+    return clashes
+
+
+def _check_correction_delay(settings, algorithm):
+    delay = settings.get("correction_delay")
+    if not delay:
+        return
+    clashes = correction_delay_clashes(settings, delay)
     if clashes:
         raise ConfigError("correction_delay=%d (kvstore '%s') needs %s"
                           % (delay, algorithm, " and ".join(clashes)))

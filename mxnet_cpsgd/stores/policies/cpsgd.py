@@ -33,6 +33,7 @@ unset): the setting the fourth reproduction found as accurate as S-SGD, where
 the authors' momentum 0 (``local_momentum=0``) ended below it.  With momentum on
 the workers the local step already reads u, so its own momentum stays 0.
 """
+from ..config import correction_delay_clashes
 from ..local_optimizer import TRAINER_MOMENTUM
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
 
@@ -56,8 +57,8 @@ def default_correction_delay(config, num_workers):
     """The correction_delay a job runs: the knob's value, or unset the worker count's."""
     if config.correction_delay is not None:
         return config.correction_delay
-    if (num_workers >= DELAY_FROM_WORKERS and config.correction_period >= 3
-            and config.correction_schedule == "aligned" and config.momentum_path == "server"):
+    # where the other knobs would refuse 2 (as a setting), unset means 0
+    if num_workers >= DELAY_FROM_WORKERS and not correction_delay_clashes(vars(config), 2):
         return 2
     return 0
 
