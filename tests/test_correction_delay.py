@@ -41,21 +41,22 @@ def _plans(knobs, steps):
     return [policy.plan(t, 0) for t in range(steps)]
 
 
+def _assert_plans(plans, expected):
+    """``expected``: (push, pull, local) -> the steps that must plan exactly that."""
+    for kinds, steps in expected.items():
+        for t in steps:
+            assert (plans[t].push, plans[t].pull, plans[t].local) == kinds, t
+
+
 def test_plan_of_each_step():
     """warm-up synchronous; the correction pulls nothing; the step after it builds
     on the own weights and pulls; the others as without the knob."""
     plans = _plans(DELAY_KNOBS, 12)
     for t in range(4):
         assert plans[t].pull is Pull.SYNC
-    for t in (5, 8, 11):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.DENSE, Pull.NONE, Local.FROM_GLOBAL), t
-    for t in (6, 9):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL), t
-    for t in (4, 7, 10):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL), t
+    _assert_plans(plans, {(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL): (5, 8, 11),
+                          (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL): (6, 9),
+                          (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_GLOBAL): (4, 7, 10)})
     # without the knob nothing changes: the correction pulls, nothing builds on L
     plain = _plans(CPSGD_KNOBS, 12)
     assert all(p.local is not Local.FROM_LOCAL for p in plain)
@@ -76,15 +77,9 @@ def test_plan_of_each_step_with_delay_2():
     plans = _plans(DELAY2_KNOBS, 12)
     for t in range(4):
         assert plans[t].pull is Pull.SYNC
-    for t in (4, 7, 10):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.COMPRESSED, Pull.NONE, Local.FROM_GLOBAL), t
-    for t in (5, 8, 11):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.DENSE, Pull.NONE, Local.FROM_LOCAL), t
-    for t in (6, 9):
-        assert (plans[t].push, plans[t].pull, plans[t].local) == \
-            (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL), t
+    _assert_plans(plans, {(Push.COMPRESSED, Pull.NONE, Local.FROM_GLOBAL): (4, 7, 10),
+                          (Push.DENSE, Pull.NONE, Local.FROM_LOCAL): (5, 8, 11),
+                          (Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL): (6, 9)})
     # period 4 (corrections at 7, 11): 6, 7, 10, 11 pull nothing; 7, 8, 11, 12 build
     # on the own weights
     plans = _plans(dict(DELAY2_KNOBS, correction_period=4), 13)
@@ -97,8 +92,7 @@ def test_a_correction_after_the_last_warmup_step_builds_on_the_pull():
     base of the correction at t = 4; t = 5 builds on the own weights."""
     plans = _plans(dict(DELAY2_KNOBS, warmup_steps=4, correction_period=5), 11)
     assert plans[3].pull is Pull.SYNC
-    assert (plans[4].push, plans[4].pull, plans[4].local) == \
-        (Push.DENSE, Pull.NONE, Local.FROM_GLOBAL)
+    _assert_plans(plans, {(Push.DENSE, Pull.NONE, Local.FROM_GLOBAL): (4,)})
     assert plans[5].local is Local.FROM_LOCAL and plans[5].pull is Pull.BACKGROUND
     assert (plans[8].pull, plans[9].local, plans[10].local) == \
         (Pull.NONE, Local.FROM_LOCAL, Local.FROM_LOCAL)
