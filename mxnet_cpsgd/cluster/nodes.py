@@ -73,15 +73,16 @@ def free_port() -> int:
     and the scheduler's bind, and that node would then receive the scheduler's messages.
     """
     low, high = FREE_PORT_LOW, _ephemeral_low() - 1
-    pick = random.SystemRandom()
-    for _ in range(100 if high - low >= 1000 else 0):
-        port = pick.randint(low, high)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+    if high - low >= 1000:  # else too little room: the kernel's choice below
+        pick = random.SystemRandom()
+        for _ in range(100):
+            port = pick.randint(low, high)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
