@@ -25,6 +25,7 @@ from procs import (MARK_VAR, described, kill_all, killed_after, listening,
 
 from mxnet_cpsgd.cluster import hosts as emulated
 from mxnet_cpsgd.cluster import procfs
+from mxnet_cpsgd.cluster.ports import FREE_PORT_LOW
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -221,6 +222,13 @@ def test_job_across_hosts_equals_one_machine(make_hosts, launchers, mark, worker
         assert name + " pid" in started, started
     scheduler = addresses[0] if extra else hosts.launcher.address
     assert "(scheduler on %s)" % scheduler in started
+    # the port the first host (or this machine) picked: below its ephemeral range,
+    # where the job's own ps-lite nodes, which bind port 0, cannot be handed it (an
+    # emulated host is a new network namespace: the kernel's default range, from 32768)
+    port = int(re.search(r"scheduler port (\d+)", started).group(1))
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = 32768 if extra else int(f.read().split()[0])
+    assert FREE_PORT_LOW <= port < ephemeral_low, started
     assert re.search(r"^\[worker 0 on 198\.18\.0\.1\d\] ", text, re.M), text[-3000:]
     assert_nothing_left(hosts, mark)
     if "--copy-workdir" in extra:

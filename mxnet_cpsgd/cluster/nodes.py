@@ -7,7 +7,6 @@ remote host.  :mod:`.local_nodes` and :mod:`.remote_nodes` build them,
 """
 import ctypes
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import kvstore_ext
 from kvstore_ext import progress
 from mxnet_cpsgd.cluster import ssh
+from mxnet_cpsgd.cluster.ports import FREE_PORT_LOW, free_port  # noqa: F401 (re-exported)
 
 #: hint for workers: the launcher's index 0..M-1 (ps-lite assigns ranks itself)
 WORKER_INDEX_ENV = "MXNET_CPSGD_WORKER_INDEX"
@@ -50,42 +50,6 @@ TERM_GRACE_S = 3.0
 
 class LaunchError(ValueError):
     """Invalid launcher input, detected before anything is started."""
-
-
-#: lowest port :func:`free_port` picks from (below the kernel's ephemeral range)
-FREE_PORT_LOW = 20000
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now.
-
-    Chosen below the kernel's ephemeral range where there is room: ps-lite's servers
-    and workers bind ports the kernel hands out from that range, so a scheduler port
-    from it could be taken by another node (of this job or another) between this call
-    and the scheduler's bind, and that node would then receive the scheduler's messages.
-    """
-    low, high = FREE_PORT_LOW, _ephemeral_low() - 1
-    if high - low >= 1000:  # else too little room: the kernel's choice below
-        pick = random.SystemRandom()
-        for _ in range(100):
-            port = pick.randint(low, high)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def with_worker_site(env: Dict[str, str]) -> None:

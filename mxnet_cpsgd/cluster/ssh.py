@@ -27,6 +27,7 @@ Host file: one ``host`` or ``host:port`` per line (``#`` comments and blank
 lines ignored), optionally followed by ``slots=N`` as in MPI host files: how
 many workers the host takes (:func:`slot_hosts`).
 """
+import inspect
 import os
 import re
 import shlex
@@ -38,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from mxnet_cpsgd.cluster import ports
 from mxnet_cpsgd.cluster.watchdog import PROTOCOL_MARK, WATCHDOG
 
 #: every node of a multi-host job carries this variable with the job's id
@@ -196,8 +198,10 @@ def _parallel(hosts: Sequence[Host], fn) -> Dict[Host, object]:
     return results
 
 
-_PROBE = ("import os, socket, sys; s = socket.socket(); s.bind(('', 0)); "
-          "print('cpsgd-probe', s.getsockname()[1], os.getcwd())")
+# the host picks the port as free_port does here (below its ephemeral range, where
+# the job's own ps-lite nodes, which bind port 0, cannot be handed it)
+_PROBE = (inspect.getsource(ports) +
+          "\nimport os\nprint('cpsgd-probe', free_port(''), os.getcwd())\n")
 
 
 def preflight(hosts: Sequence[Host], settings: SshSettings, cwd: str,
