@@ -3,7 +3,8 @@ the real results.json of the performance Summary (reports/perf/): the "a / b"
 table and the plotted mean and spread against numpy on the same files, and the
 refusal to average invocations that measured different things; ``--plot-rate``
 (each file reduced to its fastest or slowest rate) against the rows read here; and
-reports/perf/exchange_bound_table.py on a results.json without a compute-only job."""
+reports/perf/exchange_bound_table.py on a results.json without a compute-only job; the
+steady rate of reports/perf/steady_rate.py and exchange_window.py on synthetic runs."""
 import importlib.util
 import json
 import os
@@ -494,3 +495,40 @@ def test_exchange_window_script_reads_pushes_and_pulls_of_a_trace(tmp_path):
     assert "| exchange window: first push issued to last pull done | %.1f | %.1f | %.1f |" % (
         min(expected["window"]), float(np.median(expected["window"])),
         max(expected["window"])) in printed
+
+
+def test_steady_rate_script_counts_whole_periods_after_the_first_gap(tmp_path):
+    """reports/perf/steady_rate.py on a synthetic results directory (a cpsgd run with
+    period 5 and a Horovod run, 3 workers, 22 timed iterations, dilated x10): the
+    steady rate against numpy on the same gaps, the bench's figure passed through."""
+    scale, rng = 10.0, np.random.RandomState(5)
+    gaps = {"cp": rng.uniform(80.0, 140.0, size=(3, 22)),
+            "horovod": rng.uniform(120.0, 130.0, size=(3, 22))}
+    rows = []
+    for label, store, drained in (("cp", "cpsgd", 117.0), ("horovod", "horovod", 126.0)):
+        run = tmp_path / "runs" / ("90mbit-%s" % label)
+        run.mkdir(parents=True)
+        for w, times in enumerate(gaps[label]):
+            (run / ("worker-%d.json" % w)).write_text(
+                json.dumps({"iter_times_s": list(times * scale / 1000.0)}))
+        rows.append({"rate": "90mbit", "algorithm": label, "store": store, "failure": None,
+                     "mean_ms": drained, "time_scale": scale, "transfer_bound_ms": 104.0})
+    rows.append({"rate": "none", "algorithm": "compute", "store": "ssgd", "failure": None})
+    (tmp_path / "results.json").write_text(json.dumps({"rows": rows, "config": {
+        "emulate_compute": 100.0, "correction_period": 5,
+        "variants": [{"label": "cp", "store": "cpsgd", "knobs": {}},
+                     {"label": "horovod", "store": "horovod", "knobs": {}}]}}))
+    script = os.path.join(PERF, "steady_rate.py")
+    spec = importlib.util.spec_from_file_location("steady_rate", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = {r["algorithm"]: r for r in module.rows(str(tmp_path))}
+    assert sorted(got) == ["cp", "horovod"]
+    cp, horovod = gaps["cp"][:, 1:21].mean(), gaps["horovod"][:, 1:22].mean()
+    assert got["cp"]["used"] == 20 and got["horovod"]["used"] == 21
+    np.testing.assert_allclose([got["cp"]["steady"], got["horovod"]["steady"]], [cp, horovod])
+    np.testing.assert_allclose(got["cp"]["vs_horovod"], cp / horovod)
+    printed = subprocess.run([sys.executable, script, str(tmp_path)], stdout=subprocess.PIPE,
+                             universal_newlines=True, timeout=60, check=True).stdout
+    assert "| 90mbit | cp | 117.0 | %.1f (20) | %.3f | %.3f | %.2f |" % (
+        cp, 117.0 / 104.0, cp / 104.0, cp / horovod) in printed
