@@ -245,3 +245,16 @@ def test_correction_delay_2_matches_reference(worker_job):
     assert_nontrivial_quantization(traj)
     assert_reference_differs(rec, "cpsgd", DELAY_KNOBS,
                              "the correction step must build on the own weights")
+
+
+@pytest.mark.parametrize("delay", [1, 2])
+def test_next_backward_does_not_wait_for_the_correction_round(worker_job, tmp_path, delay):
+    """Worker 1 holds back its correction push until worker 0 has overwritten its
+    gradients after the step that follows the correction (what the next backward
+    does): that write must not wait for the correction round, which cannot complete
+    before (tests/workers/held_round_worker.py)."""
+    result = worker_job("held_round_worker.py", str(tmp_path / "signal"), delay,
+                        job_timeout=90)
+    assert result.returncode == 0, result.text
+    assert "worker 0: gradients written with the correction round open" in result.output
+    assert result.output.count(": done") == 2, result.text

@@ -388,24 +388,25 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         items, self._pending, self._step_left = list(self._pending.values()), {}, set()
         if not items:
             return
-        # 1. the summed gradient; a step that pushes nothing can use it in place
+        # 1. the summed gradient; a step that pushes nothing can use it in place.  A
+        # local step from the own weights waits for nothing the network holds, but
+        # send is held by the key's last pull (MXNet receives into it) or dense push
+        # (until every worker's push of that round is in): a copy into send would make
+        # the next backward, which overwrites the gradient, wait too; so it is staged
         sources = {}
         for key, param, grads, outs, priority, plan in items:
-            own = plan.local is Local.FROM_LOCAL and self._worker_momentum is None
-            if len(grads) > 1:
-                total = self._own_sum(key, param) if own else param.send
-                mx.nd.add_n(*[g.as_in_context(param.send.context) for g in grads],
-                            out=total)
-                if total is not param.send and plan.push is not Push.NONE:
-                    total.copyto(param.send)
-                sources[key] = total
-            elif plan.push is Push.NONE:
+            if plan.push is Push.NONE and len(grads) == 1:
                 sources[key] = grads[0]
+                continue
+            own = plan.local is Local.FROM_LOCAL and self._worker_momentum is None
+            total = self._own_sum(key, param) if own else param.send
+            if len(grads) > 1:
+                mx.nd.add_n(*[g.as_in_context(total.context) for g in grads], out=total)
             else:
-                grads[0].copyto(param.send)
-                # a local step from the own weights must not wait for the key's last
-                # pull, which MXNet receives into send: it reads the gradient itself
-                sources[key] = grads[0] if own else param.send
+                grads[0].copyto(total)
+            if total is not param.send and plan.push is not Push.NONE:
+                total.copyto(param.send)
+            sources[key] = total
         if self._worker_momentum is not None:  # push u, not g
             self._worker_momentum.accumulate(items, sources, self._rounds)
         # 2. local updates, one aggregated optimizer call per kind
@@ -449,7 +450,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             self._steps[key] += 1
 
     def _own_sum(self, key, param):
-        """A buffer for the summed gradient that no pull writes (see _flush_step)."""
+        """A buffer for the gradient that no pull or push holds (see _flush_step)."""
         total = self._own_sums.get(key)
         if total is None:
             total = self._own_sums[key] = mx.nd.zeros(param.shape, ctx=param.send.context,
