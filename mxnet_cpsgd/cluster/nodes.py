@@ -8,7 +8,6 @@ remote host.  :mod:`.local_nodes` and :mod:`.remote_nodes` build them,
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
