@@ -8,6 +8,7 @@ steady rate of reports/perf/steady_rate.py and exchange_window.py on synthetic r
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -509,13 +510,14 @@ def test_steady_rate_script_counts_whole_periods_after_the_first_gap(tmp_path):
         run = tmp_path / "runs" / ("90mbit-%s" % label)
         run.mkdir(parents=True)
         for w, times in enumerate(gaps[label]):
-            (run / ("worker-%d.json" % w)).write_text(
-                json.dumps({"iter_times_s": list(times * scale / 1000.0)}))
+            (run / ("worker-%d.json" % w)).write_text(json.dumps(
+                {"rank": w, "iter_times_s": list(times * scale / 1000.0), "cpu_s": 1.0}))
         rows.append({"rate": "90mbit", "algorithm": label, "store": store, "failure": None,
                      "mean_ms": drained, "time_scale": scale, "transfer_bound_ms": 104.0})
     rows.append({"rate": "none", "algorithm": "compute", "store": "ssgd", "failure": None})
     (tmp_path / "results.json").write_text(json.dumps({"rows": rows, "config": {
-        "emulate_compute": 100.0, "correction_period": 5,
+        "emulate_compute": 100.0, "correction_period": 5, "time_scale": scale,
+        "warmup_iters": 10,
         "variants": [{"label": "cp", "store": "cpsgd", "knobs": {}},
                      {"label": "horovod", "store": "horovod", "knobs": {}}]}}))
     script = os.path.join(PERF, "steady_rate.py")
@@ -532,3 +534,13 @@ def test_steady_rate_script_counts_whole_periods_after_the_first_gap(tmp_path):
                              universal_newlines=True, timeout=60, check=True).stdout
     assert "| 90mbit | cp | 117.0 | %.1f (20) | %.3f | %.3f | %.2f |" % (
         cp, 117.0 / 104.0, cp / 104.0, cp / horovod) in printed
+    # the copy kept beside the reports: results.json and the iteration times alone
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    subprocess.run([sys.executable, script, "--keep-iterations", str(tmp_path),
+                    str(kept / "n3-iterations.json")], timeout=60, check=True)
+    shutil.copy(tmp_path / "results.json", kept / "n3-results.json")
+    assert module.rows(str(kept / "n3-results.json")) == module.rows(str(tmp_path))
+    saved = json.loads((kept / "n3-iterations.json").read_text())
+    assert (saved["time_scale"], saved["warmup_iters"]) == (scale, 10)
+    assert sorted(saved["runs"]["90mbit-cp"][0]) == sorted(module.KEPT_FIELDS)

@@ -1,6 +1,12 @@
 """Steady-state time per iteration of cpsgd-bench runs, beside the bench's own figure.
 
-    python reports/perf/steady_rate.py RESULTS_DIR [RESULTS_DIR ...]
+    python reports/perf/steady_rate.py RESULTS [RESULTS ...]
+    python reports/perf/steady_rate.py --keep-iterations RESULTS_DIR NAME-iterations.json
+
+RESULTS: a cpsgd-bench --out-dir, or a copy of its results.json named NAME-results.json
+beside NAME-iterations.json, which ``--keep-iterations`` writes from the directory (every
+worker's per-iteration times and link bytes, the format reports/perf/iteration_rounds.py
+also reads).
 
 The bench's ms/iter ends its timed window when every piece of work the window issued
 has finished, so work a store defers to later steps (cpsgd's rounds in flight after
@@ -24,22 +30,62 @@ import sys
 import numpy as np
 
 
-def steady_ms(run_dir, time_scale, period):
-    """(steady ms per iteration, timed iterations used) of one run directory."""
-    times = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.json"))):
-        with open(path) as f:
-            times.append(json.load(f)["iter_times_s"])
+#: what an -iterations.json keeps of each worker's JSON (reports/perf/iteration_rounds.py
+#: reads the same files)
+KEPT_FIELDS = ("rank", "iter_times_s", "iter_tx_bytes", "iter_rx_bytes")
+
+
+def iteration_times(results):
+    """run name ('<rate>-<label>') -> every worker's iteration times (s, as measured)."""
+    if os.path.isdir(results):
+        return {name: [w["iter_times_s"] for w in workers]
+                for name, workers in kept_workers(results).items()}
+    with open(results[:-len("results.json")] + "iterations.json") as f:
+        return {name: [w["iter_times_s"] for w in workers]
+                for name, workers in json.load(f)["runs"].items()}
+
+
+def kept_workers(results_dir):
+    """run name -> each worker's KEPT_FIELDS, of the runs whose workers timed iterations."""
+    runs = {}
+    for run_dir in sorted(glob.glob(os.path.join(results_dir, "runs", "*"))):
+        workers = []
+        for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.json"))):
+            with open(path) as f:
+                record = json.load(f)
+            workers.append({k: record.get(k) for k in KEPT_FIELDS})
+        if workers and all(w["iter_times_s"] for w in workers):
+            runs[os.path.basename(run_dir)] = workers
+    return runs
+
+
+def keep_iterations(results_dir, path):
+    """Write ``path``: the -iterations.json of a results directory."""
+    with open(os.path.join(results_dir, "results.json")) as f:
+        config = json.load(f)["config"]
+    with open(path, "w") as f:
+        json.dump({"source": "per timed iteration, every worker of every run (worker JSON "
+                             "fields iter_times_s, iter_tx_bytes, iter_rx_bytes; seconds "
+                             "and bytes, not dilated)",
+                   "time_scale": config["time_scale"], "warmup_iters": config["warmup_iters"],
+                   "runs": kept_workers(results_dir)}, f)
+
+
+def steady_ms(times, time_scale, period):
+    """(steady ms per iteration, timed iterations used) of one run's iteration times."""
     times = np.array(times) * 1000.0 / time_scale  # workers x iterations
     whole = (times.shape[1] - 1) // period * period
     if whole == 0:
-        raise SystemExit("%s: fewer timed iterations than one period + 1" % run_dir)
+        raise SystemExit("fewer timed iterations than one period + 1")
     return float(times[:, 1:1 + whole].mean()), whole
 
 
-def rows(results_dir):
-    with open(os.path.join(results_dir, "results.json")) as f:
+def rows(source):
+    """One dict per run of ``source`` (see the module docstring) that did not fail."""
+    path = os.path.join(source, "results.json") if os.path.isdir(source) else source
+    with open(path) as f:
         results = json.load(f)
+    times = iteration_times(source)
     config = results["config"]
     knobs = {v["label"]: v["knobs"] for v in config["variants"]}
     out = []
@@ -49,8 +95,8 @@ def rows(results_dir):
         period = int(knobs.get(row["algorithm"], {}).get(
             "correction_period", config["correction_period"] if row["store"].startswith(
                 "cpsgd") else 1))
-        run_dir = os.path.join(results_dir, "runs", "%s-%s" % (row["rate"], row["algorithm"]))
-        steady, used = steady_ms(run_dir, row["time_scale"], period)
+        steady, used = steady_ms(times["%s-%s" % (row["rate"], row["algorithm"])],
+                                 row["time_scale"], period)
         floor = max(config["emulate_compute"] or 0.0, row["transfer_bound_ms"] or 0.0)
         out.append(dict(rate=row["rate"], algorithm=row["algorithm"], drained=row["mean_ms"],
                         steady=steady, used=used, floor=floor))
@@ -64,6 +110,11 @@ def main(argv=None):
     dirs = sys.argv[1:] if argv is None else argv
     if not dirs:
         raise SystemExit(__doc__)
+    if dirs[0] == "--keep-iterations":
+        if len(dirs) != 3 or not dirs[2].endswith("-iterations.json"):
+            raise SystemExit("--keep-iterations RESULTS_DIR NAME-iterations.json")
+        keep_iterations(dirs[1], dirs[2])
+        return
     print("| results | rate | algorithm | drained ms/iter | steady ms/iter (iterations) | "
           "drained / max(compute, bound) | steady / max(compute, bound) | "
           "steady / horovod |")
@@ -71,7 +122,8 @@ def main(argv=None):
     for results_dir in dirs:
         for r in rows(results_dir):
             print("| %s | %s | %s | %.1f | %.1f (%d) | %.3f | %.3f | %s |" % (
-                os.path.basename(os.path.normpath(results_dir)), r["rate"], r["algorithm"],
+                os.path.basename(os.path.normpath(results_dir)).replace("-results.json", ""),
+                r["rate"], r["algorithm"],
                 r["drained"], r["steady"], r["used"], r["drained"] / r["floor"],
                 r["steady"] / r["floor"],
                 "-" if r["vs_horovod"] is None else "%.2f" % r["vs_horovod"]))
