@@ -118,9 +118,9 @@ def _delay_at(knobs, workers):
     return policy.correction_delay
 
 
-def test_unset_delay_is_2_from_16_workers_where_the_other_knobs_allow_it():
-    assert DELAY_FROM_WORKERS == 16
-    assert [_delay_at({}, m) for m in (1, 2, 4, 8, 15, 16, 32, 64)] == [0] * 5 + [2] * 3
+def test_unset_delay_is_2_from_8_workers_where_the_other_knobs_allow_it():
+    assert DELAY_FROM_WORKERS == 8
+    assert [_delay_at({}, m) for m in (1, 2, 4, 7, 8, 16, 32, 64)] == [0] * 4 + [2] * 4
     for knobs in ({"correction_period": 2}, {"correction_schedule": "staggered"},
                   {"momentum_path": "worker"}):
         assert _delay_at(knobs, 16) == 0, knobs

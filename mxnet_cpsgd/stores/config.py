@@ -160,7 +160,7 @@ KNOBS = {
                          "cpsgd: 1 lets the correction round take two compute periods (the "
                          "step after a correction builds on the worker's own weights); 2 "
                          "also the compressed round before it (the correction step builds "
-                         "on the own weights too); 0 the authors' rule (default: 2 from 16 "
+                         "on the own weights too); 0 the authors' rule (default: 2 from 8 "
                          "workers where the other knobs allow it, else 0)"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
@@ -220,7 +220,7 @@ class AlgorithmConfig:
             weights, the next one on the newest global weights again); 2 also
             leaves the compressed round before the correction unwaited for (the
             correction step builds on the own weights too); 0 the authors'
-            rule.  Unset: 2 from 16 workers (with correction_period >= 3, the
+            rule.  Unset: 2 from 8 workers (with correction_period >= 3, the
             aligned schedule and momentum_path 'server'), else 0.
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)

@@ -24,9 +24,9 @@ pulls nothing and the correction step builds on the own weights too
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
 
 Unset, ``correction_delay`` is 2 from :data:`DELAY_FROM_WORKERS` workers on (where the
-correction round needs more than one compute period and 2 was measured fast and, at 4
-and 8 workers, as accurate as the default), 0 below, and 0 wherever the other knobs
-refuse a delay.
+authors' rule waits for its correction round and 2 was measured faster and, at 4 and 8
+workers, as accurate as the authors' rule), 0 below (as fast either way), and 0
+wherever the other knobs refuse a delay.
 
 The local optimizer's momentum defaults to the Trainer's (``local_momentum``
 unset): the setting the fourth reproduction found as accurate as S-SGD, where
@@ -50,7 +50,7 @@ _CORRECTION_FROM_LOCAL = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_LOCAL)
 
 
 #: from this many workers on an unset correction_delay is 2
-DELAY_FROM_WORKERS = 16
+DELAY_FROM_WORKERS = 8
 
 
 def default_correction_delay(config, num_workers):
