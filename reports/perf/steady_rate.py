@@ -29,6 +29,8 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(__file__))
+from iteration_rounds import load_run  # noqa: E402
 
 #: what an -iterations.json keeps of each worker's JSON (reports/perf/iteration_rounds.py
 #: reads the same files)
@@ -49,11 +51,7 @@ def kept_workers(results_dir):
     """run name -> each worker's KEPT_FIELDS, of the runs whose workers timed iterations."""
     runs = {}
     for run_dir in sorted(glob.glob(os.path.join(results_dir, "runs", "*"))):
-        workers = []
-        for path in sorted(glob.glob(os.path.join(run_dir, "worker-*.json"))):
-            with open(path) as f:
-                record = json.load(f)
-            workers.append({k: record.get(k) for k in KEPT_FIELDS})
+        workers = [{k: w.get(k) for k in KEPT_FIELDS} for w in load_run(run_dir)]
         if workers and all(w["iter_times_s"] for w in workers):
             runs[os.path.basename(run_dir)] = workers
     return runs
