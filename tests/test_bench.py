@@ -159,6 +159,13 @@ def test_bench_four_workers_emulated_compute(tmp_path):
             assert len(w["iter_tx_bytes"]) == len(w["iter_rx_bytes"]) == 3, w
             assert 0 < sum(w["iter_tx_bytes"]) <= w["tx_bytes"], w
             assert 0 < sum(w["iter_rx_bytes"]) <= w["rx_bytes"], w
+    # per timed iteration, read in the worker's namespace: TCP counters only grow,
+    # the machine's busy CPU seconds lie within 0 and its cores x the iteration
+    for w in run["workers"]:
+        assert len(w["iter_tcp_timeouts"]) == len(w["iter_tcp_retrans"]) == 3, w
+        assert min(w["iter_tcp_timeouts"]) >= 0 and min(w["iter_tcp_retrans"]) >= 0, w
+        for busy, seconds in zip(w["iter_machine_busy_s"], w["iter_times_s"]):
+            assert 0 <= busy <= (os.cpu_count() * seconds) + 0.05, w
         assert rows["cpsgd"]["busiest_link_bytes_by_iter"] == [
             max(max(w["iter_tx_bytes"][i], w["iter_rx_bytes"][i]) for w in run["workers"])
             for i in range(3)]

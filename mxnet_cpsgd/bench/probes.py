@@ -25,6 +25,29 @@ def read_counters(prefix=""):
     return int(out[0]), int(out[1])
 
 
+def read_tcp_counters():
+    """(retransmission timeouts, retransmitted segments, machine busy CPU seconds).
+
+    The TCP counters are this network namespace's (``TCPTimeouts`` of
+    /proc/net/netstat, ``RetransSegs`` of /proc/net/snmp): with colocated
+    placement, every socket of this worker's host, its server's included.  A
+    timeout means a sender heard nothing back for a whole RTO and resent from
+    the first unacknowledged byte; the link stays idle meanwhile.
+    """
+    timeouts = retrans = None
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            timeouts = int(dict(zip(names.split(), values.split()))["TCPTimeouts"])
+    with open("/proc/net/snmp") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("Tcp:"):
+            retrans = int(dict(zip(names.split(), values.split()))["RetransSegs"])
+    return timeouts, retrans, system_cpu_seconds()[0]
+
+
 def server_namespaces(num_servers):
     """Names of the servers' namespaces, derived from this worker's own.
 

@@ -10,7 +10,9 @@ any host link carried one way in that iteration (workers record their host
 link's counters after every iteration), and then the means by the iteration's
 phase in the correction period (phase K-1 = the step of a dense correction
 round when the timed window starts on a multiple of K).  Times are divided by
-the run's dilation.  Needs runs whose workers recorded iter_tx_bytes.
+the run's dilation.  Needs runs whose workers recorded iter_tx_bytes; where they
+also recorded iter_tcp_timeouts, the job's TCP retransmission timeouts and the
+machine's busy cores in each iteration too.
 
 With --periods, also one line per whole correction period of the timed window,
 taken from phase 1 to phase 0 (the dense step, phase K-1, with the short step
@@ -45,8 +47,15 @@ def rows_of(workers, scale):
         link = None
         if all(w.get("iter_tx_bytes") for w in workers):
             link = max(max(w["iter_tx_bytes"][i], w["iter_rx_bytes"][i]) for w in workers)
+        timeouts = busy = None
+        if all(w.get("iter_tcp_timeouts") for w in workers):
+            # every host's namespace counts its own sockets: the job's sum
+            timeouts = sum(w["iter_tcp_timeouts"][i] for w in workers)
+            # the whole machine's busy cores over worker 0's iteration
+            busy = workers[0]["iter_machine_busy_s"][i] / workers[0]["iter_times_s"][i]
         rows.append({"i": i, "max_ms": times[-1], "median_ms": times[len(times) // 2],
-                     "link_kb": None if link is None else link / 1e3})
+                     "link_kb": None if link is None else link / 1e3,
+                     "tcp_timeouts": timeouts, "busy_cores": busy})
     return rows
 
 
@@ -138,12 +147,15 @@ def main():
         rows = rows_of(workers, scale)
         print("## %s (dilated x%g; step = %d + i)\n" % (name, scale,
                                                         warmup))
-        print("| i | phase | slowest worker ms | median worker ms | busiest link KB |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| i | phase | slowest worker ms | median worker ms | busiest link KB "
+              "| TCP timeouts, all hosts | machine busy cores |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print("| %d | %d | %.1f | %.1f | %s |" % (
+            print("| %d | %d | %.1f | %.1f | %s | %s | %s |" % (
                 r["i"], (warmup + r["i"]) % args.period, r["max_ms"], r["median_ms"],
-                "-" if r["link_kb"] is None else "%.0f" % r["link_kb"]))
+                "-" if r["link_kb"] is None else "%.0f" % r["link_kb"],
+                "-" if r["tcp_timeouts"] is None else r["tcp_timeouts"],
+                "-" if r["busy_cores"] is None else "%.2f" % r["busy_cores"]))
         print("\nmeans by phase (step mod %d), the first timed iteration left out:\n"
               % args.period)
         print("| phase | iterations | slowest worker ms | median worker ms | busiest link KB |")

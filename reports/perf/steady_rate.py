@@ -34,7 +34,8 @@ from iteration_rounds import load_run  # noqa: E402
 
 #: what an -iterations.json keeps of each worker's JSON (reports/perf/iteration_rounds.py
 #: reads the same files)
-KEPT_FIELDS = ("rank", "iter_times_s", "iter_tx_bytes", "iter_rx_bytes")
+KEPT_FIELDS = ("rank", "iter_times_s", "iter_tx_bytes", "iter_rx_bytes", "iter_tcp_timeouts",
+               "iter_tcp_retrans", "iter_machine_busy_s")
 
 
 def iteration_times(results):
