@@ -351,6 +351,7 @@ def _timed_window(mx, args, work):
     times, step_times = [], []
     link_marks = [before] if args.netns else None
     tcp_marks = [read_tcp_counters()]
+    start_unix = time.time()
     start = time.perf_counter()
     work.iterate(args.iters, times, step_times, link_marks, tcp_marks)
     loop_s = time.perf_counter() - start
@@ -370,6 +371,7 @@ def _timed_window(mx, args, work):
             peer_cpu[role] += now - peer_cpu_before[pid]
     return {"times": times, "step_times": step_times, "loop_s": loop_s,
             "drained_s": drained_s, "before": before, "after": after,
+            "start_unix": start_unix,
             "link_marks": link_marks, "tcp_marks": tcp_marks, "server_before": server_before,
             "server_after": server_after, "cpu": (cpu_before, cpu_after),
             "peer_cpu": peer_cpu, "system": (system_before, system_after),
@@ -402,6 +404,9 @@ def _record(args, work, worker_index, knobs, warmup_s, window, memory, profile):
         "warmup_s": warmup_s,
         "iters": args.iters,
         "iter_times_s": window["times"],
+        # wall clock at the timed window's start (the iterations' ends follow from
+        # iter_times_s), to line them up with what other tools logged meanwhile
+        "window_start_unix": window["start_unix"],
         # Python time inside trainer.step (the engine runs asynchronously)
         "step_call_s": window["step_times"],
         "loop_s": window["loop_s"],

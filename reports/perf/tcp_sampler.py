@@ -1,0 +1,144 @@
+"""Sample the TCP sockets of a running cpsgd-bench job's hosts, to see what a stall waits for.
+
+    python reports/perf/tcp_sampler.py OUT.jsonl [--interval 0.25] [--max-seconds 3600]
+    python reports/perf/tcp_sampler.py --stalls OUT.jsonl RESULTS_DIR/runs/RUN [--min-ms 150]
+
+Sampling: every --interval seconds, for each network namespace that holds a
+ps-lite worker (DMLC_ROLE=worker; with colocated placement its host, the
+server's sockets included), reads /proc/PID/net/tcp (files only, no process
+started) and writes one JSON line: the wall clock and, per host, the established
+sockets that are in retransmission backoff (``retrnsmt`` > 0: how many RTOs in
+a row fired without an acknowledgement), with their ports, bytes not yet
+acknowledged (tx_queue), RTO and congestion window.  Stops when no worker is
+left (after one was seen) or after --max-seconds.
+
+--stalls: the iterations of RUN whose slowest worker took at least --min-ms
+(emulated, divided by the run's dilation), lined up with the samples taken
+during them (needs the workers' window_start_unix): for each, the most RTOs in a
+row any socket reached, on which host, port pair and with what RTO.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def worker_hosts():
+    """netns inode -> (pid, DMLC_WORKER_ID or pid) of the running ps-lite workers."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                           if b"=" in item)
+            if env.get(b"DMLC_ROLE") != b"worker":
+                continue
+            netns = os.readlink("/proc/%s/ns/net" % pid)
+        except OSError:
+            continue
+        found.setdefault(netns, int(pid))
+    return found
+
+
+def backoff_sockets(pid):
+    """Established sockets of pid's namespace with at least one unanswered RTO."""
+    out = []
+    try:
+        with open("/proc/%d/net/tcp" % pid) as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        f = line.split()
+        if f[3] != "01":  # established
+            continue
+        retransmits = int(f[6], 16)
+        if retransmits == 0:
+            continue
+        tx_queue = int(f[4].split(":")[0], 16)
+        # after inode: refcount, pointer, rto, ato, quick/pingpong, cwnd, ssthresh
+        out.append({"local": int(f[1].split(":")[1], 16), "remote": int(f[2].split(":")[1], 16),
+                    "rtos": retransmits, "unacked": tx_queue,
+                    "rto_ms": 1e3 * int(f[12]) / HZ, "cwnd": int(f[15])})
+    return out
+
+
+def sample(out_path, interval, max_seconds):
+    seen = False
+    end = time.time() + max_seconds
+    with open(out_path, "w") as out:
+        while time.time() < end:
+            hosts = worker_hosts()
+            if not hosts and seen:
+                break
+            seen = seen or bool(hosts)
+            row = {"t": time.time(), "hosts": {}}
+            for netns, pid in hosts.items():
+                sockets = backoff_sockets(pid)
+                if sockets:
+                    row["hosts"][netns] = sockets
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            time.sleep(interval)
+
+
+def stalls(samples_path, run_dir, min_ms):
+    with open(samples_path) as f:
+        samples = [json.loads(line) for line in f]
+    workers = [json.load(open(p)) for p in glob.glob(os.path.join(run_dir, "worker-*.json"))]
+    results = os.path.join(run_dir, "..", "..", "results.json")
+    scale = 1.0
+    if os.path.exists(results):
+        scale = float(json.load(open(results))["config"].get("time_scale") or 1.0)
+    if not all(w.get("window_start_unix") for w in workers):
+        sys.exit("the run's workers did not record window_start_unix")
+    n = min(len(w["iter_times_s"]) for w in workers)
+    # an iteration's span: the earliest start and latest end over the workers
+    spans = []
+    for i in range(n):
+        starts = [w["window_start_unix"] + sum(w["iter_times_s"][:i]) for w in workers]
+        ends = [w["window_start_unix"] + sum(w["iter_times_s"][:i + 1]) for w in workers]
+        slowest = max(1e3 * w["iter_times_s"][i] / scale for w in workers)
+        spans.append((i, min(starts), max(ends), slowest))
+    print("| i | slowest worker ms | samples | sockets in backoff (most) | most RTOs in a row "
+          "| that socket: ports local > remote, RTO ms, unacked bytes, cwnd |")
+    print("|---:|---:|---:|---:|---:|---|")
+    for i, start, end, slowest in spans:
+        inside = [s for s in samples if start <= s["t"] <= end]
+        most, where, count = 0, "-", 0
+        for s in inside:
+            count = max(count, sum(len(v) for v in s["hosts"].values()))
+            for sockets in s["hosts"].values():
+                for k in sockets:
+                    if k["rtos"] > most:
+                        most = k["rtos"]
+                        where = "%d > %d, %.0f, %d, %d" % (k["local"], k["remote"], k["rto_ms"],
+                                                         k["unacked"], k["cwnd"])
+        mark = " (stall)" if slowest >= min_ms else ""
+        print("| %d%s | %.1f | %d | %d | %d | %s |" % (i, mark, slowest, len(inside), count,
+                                                     most, where))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", help="the JSON-lines file to write (or read, with --stalls)")
+    p.add_argument("run_dir", nargs="?", help="with --stalls: RESULTS_DIR/runs/RUN")
+    p.add_argument("--interval", type=float, default=0.25)
+    p.add_argument("--max-seconds", type=float, default=3600)
+    p.add_argument("--stalls", action="store_true")
+    p.add_argument("--min-ms", type=float, default=150.0)
+    args = p.parse_args()
+    if args.stalls:
+        stalls(args.out, args.run_dir, args.min_ms)
+    else:
+        sample(args.out, args.interval, args.max_seconds)
+
+
+if __name__ == "__main__":
+    main()
