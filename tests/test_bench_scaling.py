@@ -544,3 +544,40 @@ def test_steady_rate_script_counts_whole_periods_after_the_first_gap(tmp_path):
     saved = json.loads((kept / "n3-iterations.json").read_text())
     assert (saved["time_scale"], saved["warmup_iters"]) == (scale, 10)
     assert sorted(saved["runs"]["90mbit-cp"][0]) == sorted(module.KEPT_FIELDS)
+
+
+def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
+    """reports/perf/tcp_sampler.py --stalls on a synthetic run (2 workers, 4 timed
+    iterations, dilated x10, one slow iteration) and samples at known times: each
+    iteration gets the samples between its first start and last end, and the deepest
+    backoff among them."""
+    scale, start = 10.0, 1000.0
+    times = np.array([[1.0, 1.0, 3.0, 1.0], [1.1, 0.9, 3.2, 0.8]])  # seconds, dilated
+    run = tmp_path / "runs" / "90mbit-cpsgd"
+    run.mkdir(parents=True)
+    for w, t in enumerate(times):
+        (run / ("worker-%d.json" % w)).write_text(json.dumps(
+            {"rank": w, "iter_times_s": list(t), "window_start_unix": start}))
+    socket = {"local": 40000, "remote": 9000, "unacked": 5000, "cwnd": 1}
+    samples = []
+    for t in np.arange(start + 0.05, start + 6.0, 0.25):
+        deep = 3 if 2.5 < t - start < 4.5 else 1  # the slow iteration: 3 RTOs in a row
+        samples.append({"t": float(t), "hosts": {"net:[1]": [
+            dict(socket, rtos=deep, rto_ms=200.0 * 2 ** deep)]}})
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    script = os.path.join(PERF, "tcp_sampler.py")
+    printed = subprocess.run([sys.executable, script, "--stalls", str(path), str(run),
+                              "--time-scale", str(scale), "--min-ms", "250"],
+                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                             check=True).stdout
+    ends = np.cumsum(times, axis=1)
+    starts = ends - times
+    for i in range(4):
+        lo, hi = start + starts[:, i].min(), start + ends[:, i].max()
+        inside = [s for s in samples if lo <= s["t"] <= hi]
+        most = max(s["hosts"]["net:[1]"][0]["rtos"] for s in inside)
+        slow = 1e3 * times[:, i].max() / scale
+        mark = " (stall)" if slow >= 250 else ""
+        assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, 5000, 1 |" % (
+            i, mark, slow, len(inside), most, 200.0 * 2 ** most) in printed, printed

@@ -47,13 +47,27 @@ def analyse(ops, layers, scale):
         previous = [compute[k * 2 * layers - 1]] if k else []
         for a, b in zip(previous + chunk, chunk if k else chunk[1:]):
             rows[k]["wait"] += max(0.0, b["start"] - a["end"]) / 1e3 / scale
-    dense = [o for o in ops if o["name"] == "KVStoreDistDefaultPush"]
-    if dense:
-        first = min(o["start"] for o in dense)
-        rows[step_at(first)]["dense"] = len(dense)
-        last_ack = max(o["end"] for o in dense)
+    # one correction round per burst of dense pushes (a profile of more than one
+    # correction period holds more than one); a round's last pushes may start after
+    # its step's compute has ended, so a round is split from the next by a gap of a
+    # whole step between the starts of two dense pushes, and belongs to the step its
+    # first push started in
+    step_length = statistics.median(b - a for a, b in zip(bounds, bounds[1:]))
+    rounds = []
+    for o in sorted((o for o in ops if o["name"] == "KVStoreDistDefaultPush"),
+                    key=lambda o: o["start"]):
+        if rounds and o["start"] - rounds[-1][-1]["start"] < step_length:
+            rounds[-1].append(o)
+        else:
+            rounds.append([o])
+    for dense in rounds:
+        first = dense[0]["start"]
         issued = step_at(first)
-        rows[issued]["acked_in"] = step_at(last_ack) - issued
+        last_ack = max(o["end"] for o in dense)
+        rows[issued]["dense"] = len(dense)
+        # after the profile's last step: counted as the step after it
+        rows[issued]["acked_in"] = (step_at(last_ack) if last_ack <= bounds[-1]
+                                    else len(chunks)) - issued
         rows[issued]["push_ms"] = (last_ack - first) / 1e3 / scale
     return rows
 

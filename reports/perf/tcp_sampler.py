@@ -12,9 +12,9 @@ a row fired without an acknowledgement), with their ports, bytes not yet
 acknowledged (tx_queue), RTO and congestion window.  Stops when no worker is
 left (after one was seen) or after --max-seconds.
 
---stalls: the iterations of RUN whose slowest worker took at least --min-ms
-(emulated, divided by the run's dilation), lined up with the samples taken
-during them (needs the workers' window_start_unix): for each, the most RTOs in a
+--stalls: every timed iteration of RUN (marked where its slowest worker took at
+least --min-ms, emulated: divided by the run's dilation), lined up with the
+samples taken during it (from the first worker's start to the last one's end) (needs the workers' window_start_unix): for each, the most RTOs in a
 row any socket reached, on which host, port pair and with what RTO.
 """
 import argparse
@@ -88,14 +88,15 @@ def sample(out_path, interval, max_seconds):
             time.sleep(interval)
 
 
-def stalls(samples_path, run_dir, min_ms):
+def stalls(samples_path, run_dir, min_ms, scale=None):
     with open(samples_path) as f:
         samples = [json.loads(line) for line in f]
     workers = [json.load(open(p)) for p in glob.glob(os.path.join(run_dir, "worker-*.json"))]
     results = os.path.join(run_dir, "..", "..", "results.json")
-    scale = 1.0
-    if os.path.exists(results):
-        scale = float(json.load(open(results))["config"].get("time_scale") or 1.0)
+    if scale is None:
+        scale = 1.0
+        if os.path.exists(results):
+            scale = float(json.load(open(results))["config"].get("time_scale") or 1.0)
     if not all(w.get("window_start_unix") for w in workers):
         sys.exit("the run's workers did not record window_start_unix")
     n = min(len(w["iter_times_s"]) for w in workers)
@@ -133,9 +134,11 @@ def main():
     p.add_argument("--max-seconds", type=float, default=3600)
     p.add_argument("--stalls", action="store_true")
     p.add_argument("--min-ms", type=float, default=150.0)
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="with --stalls: the run's dilation (default: its results.json's)")
     args = p.parse_args()
     if args.stalls:
-        stalls(args.out, args.run_dir, args.min_ms)
+        stalls(args.out, args.run_dir, args.min_ms, args.time_scale)
     else:
         sample(args.out, args.interval, args.max_seconds)
 
