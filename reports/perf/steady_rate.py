@@ -35,7 +35,7 @@ from iteration_rounds import load_run  # noqa: E402
 #: what an -iterations.json keeps of each worker's JSON (reports/perf/iteration_rounds.py
 #: reads the same files)
 KEPT_FIELDS = ("rank", "iter_times_s", "iter_tx_bytes", "iter_rx_bytes", "iter_tcp_timeouts",
-               "iter_tcp_retrans", "iter_machine_busy_s")
+               "iter_tcp_retrans", "iter_machine_busy_s", "window_start_unix")
 
 
 def iteration_times(results):
@@ -64,8 +64,8 @@ def keep_iterations(results_dir, path):
         config = json.load(f)["config"]
     with open(path, "w") as f:
         json.dump({"source": "per timed iteration, every worker of every run (worker JSON "
-                             "fields iter_times_s, iter_tx_bytes, iter_rx_bytes; seconds "
-                             "and bytes, not dilated)",
+                             "fields %s; seconds and bytes, not dilated)"
+                             % ", ".join(KEPT_FIELDS[1:]),
                    "time_scale": config["time_scale"], "warmup_iters": config["warmup_iters"],
                    "runs": kept_workers(results_dir)}, f)
 

@@ -2,6 +2,7 @@
 
     python reports/perf/tcp_sampler.py OUT.jsonl [--interval 0.25] [--max-seconds 3600]
     python reports/perf/tcp_sampler.py --stalls OUT.jsonl RESULTS_DIR/runs/RUN [--min-ms 150]
+    python reports/perf/tcp_sampler.py --stalls OUT.jsonl NAME-iterations.json:RUN
 
 Sampling: every --interval seconds, for each network namespace that holds a
 ps-lite worker (DMLC_ROLE=worker; with colocated placement its host, the
@@ -91,7 +92,15 @@ def sample(out_path, interval, max_seconds):
 def stalls(samples_path, run_dir, min_ms, scale=None):
     with open(samples_path) as f:
         samples = [json.loads(line) for line in f]
-    workers = [json.load(open(p)) for p in glob.glob(os.path.join(run_dir, "worker-*.json"))]
+    path, run = (run_dir.rsplit(":", 1) if ":" in os.path.basename(run_dir)
+                 else (run_dir, None))
+    if os.path.isfile(path):  # NAME-iterations.json[:RUN], kept by steady_rate.py
+        with open(path) as f:
+            saved = json.load(f)
+        workers = saved["runs"][run or sorted(saved["runs"])[0]]
+        scale = scale or float(saved["time_scale"])
+    else:
+        workers = [json.load(open(p)) for p in glob.glob(os.path.join(run_dir, "worker-*.json"))]
     results = os.path.join(run_dir, "..", "..", "results.json")
     if scale is None:
         scale = 1.0
