@@ -25,14 +25,15 @@ def read_counters(prefix=""):
     return int(out[0]), int(out[1])
 
 
-def read_tcp_counters():
+def read_stall_counters():
     """(retransmission timeouts, retransmitted segments, machine busy CPU seconds).
 
-    The TCP counters are this network namespace's (``TCPTimeouts`` of
-    /proc/net/netstat, ``RetransSegs`` of /proc/net/snmp): with colocated
-    placement, every socket of this worker's host, its server's included.  A
-    timeout means a sender heard nothing back for a whole RTO and resent from
-    the first unacknowledged byte; the link stays idle meanwhile.
+    What tells a slow iteration's losses or a starved machine from a wait on
+    something else.  The TCP counters are this network namespace's
+    (``TCPTimeouts`` of /proc/net/netstat, ``RetransSegs`` of /proc/net/snmp):
+    with colocated placement, every socket of this worker's host, its server's
+    included.  At a timeout a sender has heard nothing back for a whole RTO; it
+    resends from the first unacknowledged byte with a window of one segment.
     """
     timeouts = retrans = None
     with open("/proc/net/netstat") as f:

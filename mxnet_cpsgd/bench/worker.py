@@ -32,9 +32,8 @@ import time
 import traceback
 
 from .probes import (cpu_seconds, job_namespaces, job_peers, memory_kb, read_counters,
-                     read_tcp_counters,
-                     read_drops, read_server_counters, server_namespaces,
-                     system_cpu_seconds)
+                     read_drops, read_server_counters, read_stall_counters,
+                     server_namespaces, system_cpu_seconds)
 
 WORKLOADS = {
     # model name: (sample shape, classes)
@@ -301,7 +300,7 @@ class _Training:
         else:
             self.native_kv()._barrier()
 
-    def iterate(self, count, times=None, step_times=None, link_bytes=None, tcp_marks=None):
+    def iterate(self, count, times=None, step_times=None, link_bytes=None, stall_marks=None):
         from mxnet import autograd
         prev = time.perf_counter()
         for _ in range(count):
@@ -323,8 +322,8 @@ class _Training:
                 # this host's link counters at the iteration's end (two sysfs reads):
                 # the bytes of each iteration, by round, come from their differences
                 link_bytes.append(read_counters())
-            if tcp_marks is not None:
-                tcp_marks.append(read_tcp_counters())
+            if stall_marks is not None:
+                stall_marks.append(read_stall_counters())
             prev = now
 
 
@@ -350,10 +349,10 @@ def _timed_window(mx, args, work):
     work.barrier()
     times, step_times = [], []
     link_marks = [before] if args.netns else None
-    tcp_marks = [read_tcp_counters()]
+    stall_marks = [read_stall_counters()]
     start_unix = time.time()
     start = time.perf_counter()
-    work.iterate(args.iters, times, step_times, link_marks, tcp_marks)
+    work.iterate(args.iters, times, step_times, link_marks, stall_marks)
     loop_s = time.perf_counter() - start
     mx.nd.waitall()
     drained_s = time.perf_counter() - start
@@ -372,7 +371,7 @@ def _timed_window(mx, args, work):
     return {"times": times, "step_times": step_times, "loop_s": loop_s,
             "drained_s": drained_s, "before": before, "after": after,
             "start_unix": start_unix,
-            "link_marks": link_marks, "tcp_marks": tcp_marks, "server_before": server_before,
+            "link_marks": link_marks, "stall_marks": stall_marks, "server_before": server_before,
             "server_after": server_after, "cpu": (cpu_before, cpu_after),
             "peer_cpu": peer_cpu, "system": (system_before, system_after),
             "drops": (drops_before, drops_after)}
@@ -420,11 +419,10 @@ def _record(args, work, worker_index, knobs, warmup_s, window, memory, profile):
         "iter_rx_bytes": ([b[1] - a[1] for a, b in zip(link_marks, link_marks[1:])]
                           if link_marks else None),
         # per timed iteration: this namespace's TCP retransmission timeouts and
-        # retransmitted segments, and the whole machine's busy CPU seconds (a
-        # stall with an idle link is a timeout, or every process starved)
-        "iter_tcp_timeouts": _differences(window["tcp_marks"], 0),
-        "iter_tcp_retrans": _differences(window["tcp_marks"], 1),
-        "iter_machine_busy_s": _differences(window["tcp_marks"], 2),
+        # retransmitted segments, and the whole machine's busy CPU seconds
+        "iter_tcp_timeouts": _differences(window["stall_marks"], 0),
+        "iter_tcp_retrans": _differences(window["stall_marks"], 1),
+        "iter_machine_busy_s": _differences(window["stall_marks"], 2),
         "server_bytes": ([{"tx": a[0] - b[0], "rx": a[1] - b[1]}
                           for b, a in zip(server_before, server_after)]
                          if server_before and server_after else None),

@@ -15,8 +15,10 @@ left (after one was seen) or after --max-seconds.
 
 --stalls: every timed iteration of RUN (marked where its slowest worker took at
 least --min-ms, emulated: divided by the run's dilation), lined up with the
-samples taken during it (from the first worker's start to the last one's end) (needs the workers' window_start_unix): for each, the most RTOs in a
-row any socket reached, on which host, port pair and with what RTO.
+samples taken from the first worker's start of it to the last one's end (needs
+the workers' window_start_unix): how many sockets at most were in backoff at
+once, and the socket with the most RTOs in a row (ports, RTO, unacknowledged
+bytes, congestion window).
 """
 import argparse
 import glob
