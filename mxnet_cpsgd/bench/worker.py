@@ -349,9 +349,7 @@ def _timed_window(mx, args, work):
     work.barrier()
     times, step_times = [], []
     link_marks = [before] if args.netns else None
-    stall_marks = [read_stall_counters()]
-    start_unix = time.time()
-    start = time.perf_counter()
+    stall_marks, start_unix, start = [read_stall_counters()], time.time(), time.perf_counter()
     work.iterate(args.iters, times, step_times, link_marks, stall_marks)
     loop_s = time.perf_counter() - start
     mx.nd.waitall()
@@ -370,9 +368,9 @@ def _timed_window(mx, args, work):
             peer_cpu[role] += now - peer_cpu_before[pid]
     return {"times": times, "step_times": step_times, "loop_s": loop_s,
             "drained_s": drained_s, "before": before, "after": after,
-            "start_unix": start_unix,
-            "link_marks": link_marks, "stall_marks": stall_marks, "server_before": server_before,
-            "server_after": server_after, "cpu": (cpu_before, cpu_after),
+            "start_unix": start_unix, "link_marks": link_marks, "stall_marks": stall_marks,
+            "server_before": server_before, "server_after": server_after,
+            "cpu": (cpu_before, cpu_after),
             "peer_cpu": peer_cpu, "system": (system_before, system_after),
             "drops": (drops_before, drops_after)}
 
@@ -403,8 +401,7 @@ def _record(args, work, worker_index, knobs, warmup_s, window, memory, profile):
         "warmup_s": warmup_s,
         "iters": args.iters,
         "iter_times_s": window["times"],
-        # wall clock at the timed window's start (the iterations' ends follow from
-        # iter_times_s), to line them up with what other tools logged meanwhile
+        # wall clock at the window's start, to line iterations up with other logs
         "window_start_unix": window["start_unix"],
         # Python time inside trainer.step (the engine runs asynchronously)
         "step_call_s": window["step_times"],
