@@ -135,6 +135,18 @@ def job_peers(roles=("server", "scheduler")):
     want_port = os.environ.get("DMLC_PS_ROOT_PORT", "").encode()
     want_uri = os.environ.get("DMLC_PS_ROOT_URI", "").encode()
     found = {}
+    for pid, env in process_environments():
+        if env.get(b"DMLC_PS_ROOT_PORT") == want_port and \
+                env.get(b"DMLC_PS_ROOT_URI") == want_uri:
+            role = env.get(b"DMLC_ROLE", b"").decode()
+            if role in roles:
+                found[pid] = role
+    return found
+
+
+def process_environments():
+    """(pid, environment as a dict of bytes) of every process whose environment
+    this one may read, from /proc (processes that end meanwhile are left out)."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -144,12 +156,7 @@ def job_peers(roles=("server", "scheduler")):
                            if b"=" in item)
         except OSError:
             continue
-        if env.get(b"DMLC_PS_ROOT_PORT") == want_port and \
-                env.get(b"DMLC_PS_ROOT_URI") == want_uri:
-            role = env.get(b"DMLC_ROLE", b"").decode()
-            if role in roles:
-                found[int(pid)] = role
-    return found
+        yield int(pid), env
 
 
 def cpu_seconds(pid=None):

@@ -411,10 +411,8 @@ def _record(args, work, worker_index, knobs, warmup_s, window, memory, profile):
         "rx_bytes": after[1] - before[1] if args.netns else None,
         # per timed iteration: bytes this host's link sent / received between the
         # moments the previous and this iteration's loss became readable
-        "iter_tx_bytes": ([b[0] - a[0] for a, b in zip(link_marks, link_marks[1:])]
-                          if link_marks else None),
-        "iter_rx_bytes": ([b[1] - a[1] for a, b in zip(link_marks, link_marks[1:])]
-                          if link_marks else None),
+        "iter_tx_bytes": _differences(link_marks, 0) if link_marks else None,
+        "iter_rx_bytes": _differences(link_marks, 1) if link_marks else None,
         # per timed iteration: this namespace's TCP retransmission timeouts and
         # retransmitted segments, and the whole machine's busy CPU seconds
         "iter_tcp_timeouts": _differences(window["stall_marks"], 0),

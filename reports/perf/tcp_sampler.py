@@ -21,7 +21,9 @@ once, and the socket with the most RTOs in a row (ports, RTO, unacknowledged
 bytes, congestion window).
 """
 import argparse
+import functools
 import glob
+import importlib.util
 import json
 import os
 import sys
@@ -30,22 +32,29 @@ import time
 HZ = os.sysconf("SC_CLK_TCK")
 
 
+@functools.lru_cache(maxsize=None)
+def _probes():
+    """mxnet_cpsgd/bench/probes.py (standard library only), loaded from its file: the
+    package's __init__ imports MXNet, which a sampler beside a running job need not."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                        "mxnet_cpsgd", "bench", "probes.py")
+    spec = importlib.util.spec_from_file_location("bench_probes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def worker_hosts():
-    """netns inode -> (pid, DMLC_WORKER_ID or pid) of the running ps-lite workers."""
+    """netns (the /proc/PID/ns/net link) -> pid of one running ps-lite worker in it."""
     found = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    for pid, env in _probes().process_environments():
+        if env.get(b"DMLC_ROLE") != b"worker":
             continue
         try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
-                           if b"=" in item)
-            if env.get(b"DMLC_ROLE") != b"worker":
-                continue
-            netns = os.readlink("/proc/%s/ns/net" % pid)
+            netns = os.readlink("/proc/%d/ns/net" % pid)
         except OSError:
             continue
-        found.setdefault(netns, int(pid))
+        found.setdefault(netns, pid)
     return found
 
 
