@@ -558,12 +558,15 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
     for w, t in enumerate(times):
         (run / ("worker-%d.json" % w)).write_text(json.dumps(
             {"rank": w, "iter_times_s": list(t), "window_start_unix": start}))
-    socket = {"local": 40000, "remote": 9000, "unacked": 5000, "cwnd": 1}
+    socket = {"local": 40000, "remote": 9000, "cwnd": 1}
     samples = []
-    for t in np.arange(start + 0.05, start + 6.0, 0.25):
+    for n, t in enumerate(np.arange(start + 0.05, start + 6.0, 0.25)):
         deep = 3 if 2.5 < t - start < 4.5 else 1  # the slow iteration: 3 RTOs in a row
+        # acknowledgements move the unacked bytes, except while the slow one holds
+        unacked = 5000 if deep == 3 else 100 + n
         samples.append({"t": float(t), "hosts": {"net:[1]": [
-            dict(socket, rtos=deep, rto_ms=200.0 * 2 ** deep)]}})
+            dict(socket, rtos=deep, rto_ms=200.0 * 2 ** deep, unacked=unacked)]}})
+    held = [s["t"] for s in samples if s["hosts"]["net:[1]"][0]["unacked"] == 5000]
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
     script = os.path.join(PERF, "tcp_sampler.py")
@@ -579,5 +582,13 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
         most = max(s["hosts"]["net:[1]"][0]["rtos"] for s in inside)
         slow = 1e3 * times[:, i].max() / scale
         mark = " (stall)" if slow >= 250 else ""
-        assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, 5000, 1 |" % (
-            i, mark, slow, len(inside), most, 200.0 * 2 ** most) in printed, printed
+        deepest = max(inside, key=lambda s: s["hosts"]["net:[1]"][0]["rtos"])
+        hold = "-"
+        if held[0] <= hi and held[-1] >= lo:
+            hold = "%.2f, %+.2f" % (held[-1] - held[0], held[-1] - (start + ends[:, i].min()))
+        assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, %d, 1 | %s |" % (
+            i, mark, slow, len(inside), most, 200.0 * 2 ** most,
+            deepest["hosts"]["net:[1]"][0]["unacked"], hold) in printed, printed
+    assert printed.count(" | -") == sum(  # iterations the hold does not reach
+        1 for i in range(4) if not (held[0] <= start + ends[:, i].max()
+                                    and held[-1] >= start + starts[:, i].min()))

@@ -8,17 +8,23 @@ Sampling: every --interval seconds, for each network namespace that holds a
 ps-lite worker (DMLC_ROLE=worker; with colocated placement its host, the
 server's sockets included), reads /proc/PID/net/tcp (files only, no process
 started) and writes one JSON line: the wall clock and, per host, the established
-sockets that are in retransmission backoff (``retrnsmt`` > 0: how many RTOs in
-a row fired without an acknowledgement), with their ports, bytes not yet
-acknowledged (tx_queue), RTO and congestion window.  Stops when no worker is
-left (after one was seen) or after --max-seconds.
+sockets with bytes not yet acknowledged (tx_queue) or in retransmission backoff
+(``retrnsmt`` > 0: how many RTOs in a row fired without an acknowledgement),
+with their ports, unacknowledged bytes, RTOs in a row, RTO and congestion
+window.  Stops when no worker is left (after one was seen) or after --max-seconds.
 
 --stalls: every timed iteration of RUN (marked where its slowest worker took at
 least --min-ms, emulated: divided by the run's dilation), lined up with the
 samples taken from the first worker's start of it to the last one's end (needs
 the workers' window_start_unix): how many sockets at most were in backoff at
-once, and the socket with the most RTOs in a row (ports, RTO, unacknowledged
-bytes, congestion window).
+once, the socket with the most RTOs in a row (ports, RTO, unacknowledged
+bytes, congestion window), and the longest *hold* seen in it: one socket's
+unacknowledged bytes staying the same, above 0, from sample to sample (no
+acknowledgement came and nothing was written), in seconds real, and when it
+ended, in seconds real after the first worker finished the iteration (negative:
+before).  A socket waiting for its first RTO after a lost segment has no RTO
+in a row yet and shows only as a hold.  Samples written before holds were
+recorded (only sockets in backoff) show none.
 """
 import argparse
 import functools
@@ -59,7 +65,8 @@ def worker_hosts():
 
 
 def backoff_sockets(pid):
-    """Established sockets of pid's namespace with at least one unanswered RTO."""
+    """Established sockets of pid's namespace with unacknowledged bytes or at least
+    one unanswered RTO."""
     out = []
     try:
         with open("/proc/%d/net/tcp" % pid) as f:
@@ -71,9 +78,9 @@ def backoff_sockets(pid):
         if f[3] != "01":  # established
             continue
         retransmits = int(f[6], 16)
-        if retransmits == 0:
-            continue
         tx_queue = int(f[4].split(":")[0], 16)
+        if retransmits == 0 and tx_queue == 0:
+            continue
         # after inode: refcount, pointer, rto, ato, quick/pingpong, cwnd, ssthresh
         out.append({"local": int(f[1].split(":")[1], 16), "remote": int(f[2].split(":")[1], 16),
                     "rtos": retransmits, "unacked": tx_queue,
@@ -126,15 +133,17 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
         starts = [w["window_start_unix"] + sum(w["iter_times_s"][:i]) for w in workers]
         ends = [w["window_start_unix"] + sum(w["iter_times_s"][:i + 1]) for w in workers]
         slowest = max(1e3 * w["iter_times_s"][i] / scale for w in workers)
-        spans.append((i, min(starts), max(ends), slowest))
+        spans.append((i, min(starts), max(ends), slowest, min(ends)))
+    holds = socket_holds(samples)
     print("| i | slowest worker ms | samples | sockets in backoff (most) | most RTOs in a row "
-          "| that socket: ports local > remote, RTO ms, unacked bytes, cwnd |")
-    print("|---:|---:|---:|---:|---:|---|")
-    for i, start, end, slowest in spans:
+          "| that socket: ports local > remote, RTO ms, unacked bytes, cwnd "
+          "| longest hold s (real), its end s after the first worker's end |")
+    print("|---:|---:|---:|---:|---:|---|---|")
+    for i, start, end, slowest, first_end in spans:
         inside = [s for s in samples if start <= s["t"] <= end]
         most, where, count = 0, "-", 0
         for s in inside:
-            count = max(count, sum(len(v) for v in s["hosts"].values()))
+            count = max(count, sum(1 for v in s["hosts"].values() for k in v if k["rtos"]))
             for sockets in s["hosts"].values():
                 for k in sockets:
                     if k["rtos"] > most:
@@ -142,8 +151,37 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
                         where = "%d > %d, %.0f, %d, %d" % (k["local"], k["remote"], k["rto_ms"],
                                                          k["unacked"], k["cwnd"])
         mark = " (stall)" if slowest >= min_ms else ""
-        print("| %d%s | %.1f | %d | %d | %d | %s |" % (i, mark, slowest, len(inside), count,
-                                                     most, where))
+        overlapping = [(t1 - t0, t1) for t0, t1 in holds if t0 <= end and t1 >= start]
+        hold = "-"
+        if overlapping:
+            length, hold_end = max(overlapping)
+            hold = "%.2f, %+.2f" % (length, hold_end - first_end)
+        print("| %d%s | %.1f | %d | %d | %d | %s | %s |" % (
+            i, mark, slowest, len(inside), count, most, where, hold))
+
+
+def socket_holds(samples):
+    """(first, last) sample times of every run of samples in which one socket
+    (host, ports) kept the same unacknowledged bytes above 0, over two samples or more."""
+    current, holds = {}, []
+    for s in samples:
+        seen = {}
+        for host, sockets in s["hosts"].items():
+            for k in sockets:
+                if k["unacked"] > 0:
+                    seen[(host, k["local"], k["remote"])] = k["unacked"]
+        for name, (first, last, unacked) in list(current.items()):
+            if seen.get(name) != unacked:
+                if last > first:
+                    holds.append((first, last))
+                del current[name]
+        for name, unacked in seen.items():
+            if name in current:
+                current[name] = (current[name][0], s["t"], unacked)
+            else:
+                current[name] = (s["t"], s["t"], unacked)
+    holds.extend((first, last) for first, last, _ in current.values() if last > first)
+    return holds
 
 
 def main():
