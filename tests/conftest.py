@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         function = getattr(item, "originalname", None) or item.name.partition("[")[0]
         if tiers.is_fast(module, item.name, function):
             item.add_marker(pytest.mark.fast)
-        if module in tiers.HOST_LANE:
+        if module in tiers.HOST_LANE or module in tiers.HOST_LANE_GUESTS:
             item.add_marker(pytest.mark.hosts)
 
 
