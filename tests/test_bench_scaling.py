@@ -592,3 +592,41 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
     assert printed.count(" | -") == sum(  # iterations the hold does not reach
         1 for i in range(4) if not (held[0] <= start + ends[:, i].max()
                                     and held[-1] >= start + starts[:, i].min()))
+
+
+def test_late_keys_script_names_the_keys_acknowledged_last(tmp_path):
+    """reports/perf/late_keys.py on a synthetic trace (3 workers, two rounds of 4 dense
+    pushes): per round, the keys acknowledged last with their start and acknowledgement
+    times (first and last worker) and the count within the median + one period."""
+    scale, period = 10.0, 100.0
+    rng = np.random.RandomState(5)
+    events, rounds = [], []
+    for n in range(2):
+        base = 1000.0 * n
+        starts = base + rng.uniform(0.0, 30.0, size=(3, 4)).cumsum(axis=1)  # worker, key
+        late = 1 + n  # this round's late key: acknowledged 250 ms after, on every worker
+        acks = starts.max(axis=0) + rng.uniform(5.0, 20.0, size=4)
+        acks[late] += 250.0
+        ends = np.tile(acks, (3, 1)) + rng.uniform(0.0, 2.0, size=(3, 4))
+        for pid in range(3):
+            for j in range(4):
+                events.append(_trace_event("KVStoreDistDefaultPush", pid, starts[pid, j],
+                                           ends[pid, j] - starts[pid, j], scale))
+        rounds.append((starts - starts.min(), ends - starts.min(), late))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    printed = subprocess.run([sys.executable, os.path.join(PERF, "late_keys.py"), str(path),
+                              "--time-scale", str(scale), "--keys-per-round", "4",
+                              "--show", "1", "--period-ms", str(period)],
+                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                             check=True).stdout
+    for n, (starts, ends, late) in enumerate(rounds):
+        last = ends.max(axis=0)
+        within = int(np.sum(last <= np.median(last) + period))
+        assert within == 3
+        assert ("round %d: 4 keys x 3 workers; last acknowledgement %.1f ms after the first "
+                "push started, median key %.1f; %d of 4 keys acknowledged within the median "
+                "+ %.0f ms" % (n, last.max(), np.median(last), within, period)) in printed
+        assert "| %d | %.1f, %.1f | %.1f, %.1f | %.1f |" % (
+            late, starts[:, late].min(), starts[:, late].max(), ends[:, late].min(),
+            last[late], last[late] - ends[:, late].min()) in printed, printed
