@@ -5,6 +5,7 @@ refusal to average invocations that measured different things; ``--plot-rate``
 (each file reduced to its fastest or slowest rate) against the rows read here; and
 reports/perf/exchange_bound_table.py on a results.json without a compute-only job; the
 steady rate of reports/perf/steady_rate.py and exchange_window.py on synthetic runs."""
+import gzip
 import importlib.util
 import json
 import os
@@ -589,6 +590,12 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
         assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, %d, 1 | %s |" % (
             i, mark, slow, len(inside), most, 200.0 * 2 ** most,
             deepest["hosts"]["net:[1]"][0]["unacked"], hold) in printed, printed
+    packed = tmp_path / "samples.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert subprocess.run([sys.executable, script, "--stalls", str(packed), str(run),
+                           "--time-scale", str(scale), "--min-ms", "250"],
+                          stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                          check=True).stdout == printed
     assert printed.count(" | -") == sum(  # iterations the hold does not reach
         1 for i in range(4) if not (held[0] <= start + ends[:, i].max()
                                     and held[-1] >= start + starts[:, i].min()))

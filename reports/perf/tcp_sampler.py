@@ -4,6 +4,8 @@
     python reports/perf/tcp_sampler.py --stalls OUT.jsonl RESULTS_DIR/runs/RUN [--min-ms 150]
     python reports/perf/tcp_sampler.py --stalls OUT.jsonl NAME-iterations.json:RUN
 
+(--stalls also reads OUT.jsonl.gz.)
+
 Sampling: every --interval seconds, for each network namespace that holds a
 ps-lite worker (DMLC_ROLE=worker; with colocated placement its host, the
 server's sockets included), reads /proc/PID/net/tcp (files only, no process
@@ -29,6 +31,7 @@ recorded (only sockets in backoff) show none.
 import argparse
 import functools
 import glob
+import gzip
 import importlib.util
 import json
 import os
@@ -108,7 +111,8 @@ def sample(out_path, interval, max_seconds):
 
 
 def stalls(samples_path, run_dir, min_ms, scale=None):
-    with open(samples_path) as f:
+    opener = gzip.open if samples_path.endswith(".gz") else open
+    with opener(samples_path, "rt") as f:
         samples = [json.loads(line) for line in f]
     path, run = (run_dir.rsplit(":", 1) if ":" in os.path.basename(run_dir)
                  else (run_dir, None))
