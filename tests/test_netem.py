@@ -498,3 +498,22 @@ def test_interrupted_launcher_under_emulation_cleans_up(mark):
             launcher.wait()
         if name:
             remove_job(name)
+
+
+def test_fair_leaf_limit_setting(monkeypatch):
+    """CPSGD_FAIR_LEAF_LIMIT sets every leaf's queue of a 'fair' link (unset: tbf's
+    400 ms of the rate, at least 4 bursts); below the link's burst it is refused."""
+    rate_bps = 4.5e6
+    burst, limit = netem._queue_sizes(rate_bps)
+    assert (burst, limit) == (64 * 1024, 4 * 64 * 1024)  # 400 ms of 4.5 Mbit/s is less
+    monkeypatch.delenv(netem.FAIR_LEAF_LIMIT_ENV, raising=False)
+    text = netem._fair_queue_batch("eth0", rate_bps, "4500kbit")
+    assert text.count("bfifo limit %d\n" % limit) == netem.FAIR_BUCKETS
+    monkeypatch.setenv(netem.FAIR_LEAF_LIMIT_ENV, str(2 * burst))
+    text = netem._fair_queue_batch("eth0", rate_bps, "4500kbit")
+    assert text.count("bfifo limit %d\n" % (2 * burst)) == netem.FAIR_BUCKETS
+    assert "bfifo limit %d\n" % limit not in text
+    for bad in ("1000", "lots"):
+        monkeypatch.setenv(netem.FAIR_LEAF_LIMIT_ENV, bad)
+        with pytest.raises(netem.NetemError, match="CPSGD_FAIR_LEAF_LIMIT"):
+            netem._fair_queue_batch("eth0", rate_bps, "4500kbit")

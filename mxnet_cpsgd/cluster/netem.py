@@ -63,6 +63,11 @@ MAX_NODES = 1000
 
 #: leaf classes of a 'fair' link; two flows share one with probability 1/64
 FAIR_BUCKETS = 64
+#: bytes each leaf of a 'fair' link may queue, instead of the link's whole queue (tbf's
+#: 400 ms): an experiment's setting, read when a link is set up. With N busy leaves a
+#: leaf drains at 1/N of the rate, so a full leaf of the default depth holds its packets
+#: N x 400 ms; a host's fq_codel would keep each flow's queue near 5 ms
+FAIR_LEAF_LIMIT_ENV = "CPSGD_FAIR_LEAF_LIMIT"
 
 # Networks that are set up and not yet closed, for the atexit/signal cleanup.
 _LIVE: Set["EmulatedNetwork"] = set()
@@ -157,10 +162,19 @@ def _fair_queue_batch(dev: str, rate_bps: float, rate: str) -> str:
     One HTB class at the rate (tbf's burst) over FAIR_BUCKETS leaves, each
     guaranteed 1/FAIR_BUCKETS of it and allowed all of it, so busy leaves split
     the rate by deficit round robin (16 KiB quantum); each leaf queues in a
-    bfifo as deep as tbf's queue.  A u32 hash on the low bits of the TCP
+    bfifo as deep as tbf's queue (or ``$CPSGD_FAIR_LEAF_LIMIT`` bytes).  A u32 hash on the low bits of the TCP
     destination port picks the leaf; other packets go to the first leaf.
     """
     burst, limit = _queue_sizes(rate_bps)
+    leaf_limit = os.environ.get(FAIR_LEAF_LIMIT_ENV)
+    if leaf_limit:
+        try:
+            limit = int(leaf_limit)
+        except ValueError:
+            limit = 0
+        if limit < burst:
+            raise NetemError("%s=%r: give a leaf's queue in bytes, at least the link's "
+                             "burst (%d)" % (FAIR_LEAF_LIMIT_ENV, leaf_limit, burst))
     share = max(8000, int(rate_bps / FAIR_BUCKETS))
     lines = ["qdisc add dev %s root handle 1: htb default 10 r2q 1000" % dev,
              "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %d cburst %d"
