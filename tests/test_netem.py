@@ -15,7 +15,7 @@ import time
 import pytest
 from procs import MARK_VAR, marked_processes, pid_alive, repo_pythonpath
 
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.cluster import netem, netspec
 from mxnet_cpsgd.launch import run_job
 
 try:  # a generous per-test bound where pytest-timeout is installed
@@ -72,7 +72,7 @@ conn.close()
 # for the signal the test sends.
 HOLDER = r"""
 import faulthandler, signal, subprocess, sys, time
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.cluster import netem, netspec
 # the test asks for every thread's stack (SIGUSR1) if the teardown hangs
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 # Python's own SIGINT handling, also where the suite was started in the background
@@ -506,14 +506,14 @@ def test_fair_leaf_limit_setting(monkeypatch):
     rate_bps = 4.5e6
     burst, limit = netem._queue_sizes(rate_bps)
     assert (burst, limit) == (64 * 1024, 4 * 64 * 1024)  # 400 ms of 4.5 Mbit/s is less
-    monkeypatch.delenv(netem.FAIR_LEAF_LIMIT_ENV, raising=False)
+    monkeypatch.delenv(netspec.FAIR_LEAF_LIMIT_ENV, raising=False)
     text = netem._fair_queue_batch("eth0", rate_bps, "4500kbit")
     assert text.count("bfifo limit %d\n" % limit) == netem.FAIR_BUCKETS
-    monkeypatch.setenv(netem.FAIR_LEAF_LIMIT_ENV, str(2 * burst))
+    monkeypatch.setenv(netspec.FAIR_LEAF_LIMIT_ENV, str(2 * burst))
     text = netem._fair_queue_batch("eth0", rate_bps, "4500kbit")
     assert text.count("bfifo limit %d\n" % (2 * burst)) == netem.FAIR_BUCKETS
     assert "bfifo limit %d\n" % limit not in text
     for bad in ("1000", "lots"):
-        monkeypatch.setenv(netem.FAIR_LEAF_LIMIT_ENV, bad)
+        monkeypatch.setenv(netspec.FAIR_LEAF_LIMIT_ENV, bad)
         with pytest.raises(netem.NetemError, match="CPSGD_FAIR_LEAF_LIMIT"):
             netem._fair_queue_batch("eth0", rate_bps, "4500kbit")

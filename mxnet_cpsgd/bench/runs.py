@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from mxnet_cpsgd.cluster import launch, netem
+from mxnet_cpsgd.cluster import launch, netem, netspec
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
 
@@ -246,7 +246,7 @@ def run_one(args, rate: str, algorithm: str, run_dir: str, use_netns: bool,
         failure = "%s\n%s" % (failure, failure_tail(result.output, failure))
     return {"rate": rate, "algorithm": algorithm, "store": variant.store,
             "knobs": dict(variant.knobs), "emulate_network": emulate,
-            "fair_leaf_limit": os.environ.get(netem.FAIR_LEAF_LIMIT_ENV),
+            "fair_leaf_limit": os.environ.get(netspec.FAIR_LEAF_LIMIT_ENV),
             "placement": placement, "allreduce": allreduce, "emulate_compute_ms": emulate_ms,
             "time_scale": scale, "horovod_cycle_time_ms": env.get("HOROVOD_CYCLE_TIME"),
             "num_hosts": num_hosts,

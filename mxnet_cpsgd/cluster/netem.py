@@ -7,11 +7,11 @@ what it receives) and, when a delay is given, a ``netem`` delay on the
 namespace end, so that the one-way delay between any two nodes is DELAY.
 
 Queue discipline (``queue``): ``'fifo'`` (default) queues what a link direction sends in
-one FIFO (tbf's, 400 ms deep); ``'fair'`` shares the rate between TCP flows, as a host's
-fq_codel does: an HTB class at the rate with :data:`FAIR_BUCKETS` leaves (deficit round
-robin, packets hashed to a leaf by destination port; this kernel has neither fq_codel nor
-sfq).  With one FIFO a burst of one flow holds back the others on its link, which changes
-what the parameter-server stores measure (reports/perf/colocated-2-4-workers.md).
+one FIFO (tbf's, 400 ms deep); ``'fair'`` shares the rate between TCP flows, like a host's
+fq_codel: an HTB class at the rate with :data:`FAIR_BUCKETS` leaves (deficit round robin,
+packets hashed to a leaf by destination port; this kernel has neither fq_codel nor sfq),
+each as deep as tbf's queue or ``$CPSGD_FAIR_LEAF_LIMIT`` bytes.  With one FIFO a burst of
+one flow holds back the others (reports/perf/colocated-2-4-workers.md).
 
 Nodes get addresses 198.18.0.10, .11, ... from 198.18.0.0/15 (reserved for
 benchmarks).  The bridge gets no address: nodes talk at layer 2 only, so the root
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 # the settings' parsing lives in netspec; re-exported, these stay this module's names
-from .netspec import (QUEUES, NetemError, NetworkSpec, _check_queue,  # noqa: F401
+from .netspec import (QUEUES, NetemError, NetworkSpec, _check_queue, fair_leaf_limit,  # noqa: F401
                       dilate_spec, parse_delay, parse_rate, parse_spec, parse_time_scale)
 
 #: every name this module creates starts with this prefix + five hex digits
@@ -63,11 +63,6 @@ MAX_NODES = 1000
 
 #: leaf classes of a 'fair' link; two flows share one with probability 1/64
 FAIR_BUCKETS = 64
-#: bytes each leaf of a 'fair' link may queue, instead of the link's whole queue (tbf's
-#: 400 ms): an experiment's setting, read when a link is set up. With N busy leaves a
-#: leaf drains at 1/N of the rate, so a full leaf of the default depth holds its packets
-#: N x 400 ms; a host's fq_codel would keep each flow's queue near 5 ms
-FAIR_LEAF_LIMIT_ENV = "CPSGD_FAIR_LEAF_LIMIT"
 
 # Networks that are set up and not yet closed, for the atexit/signal cleanup.
 _LIVE: Set["EmulatedNetwork"] = set()
@@ -159,22 +154,13 @@ def _queue_sizes(rate_bps: float) -> Tuple[int, int]:
 def _fair_queue_batch(dev: str, rate_bps: float, rate: str) -> str:
     """``tc -batch`` lines that give ``dev`` a 'fair' queue at ``rate``.
 
-    One HTB class at the rate (tbf's burst) over FAIR_BUCKETS leaves, each
-    guaranteed 1/FAIR_BUCKETS of it and allowed all of it, so busy leaves split
-    the rate by deficit round robin (16 KiB quantum); each leaf queues in a
-    bfifo as deep as tbf's queue (or ``$CPSGD_FAIR_LEAF_LIMIT`` bytes).  A u32 hash on the low bits of the TCP
-    destination port picks the leaf; other packets go to the first leaf.
-    """
+    One HTB class at the rate (tbf's burst) over FAIR_BUCKETS leaves, each guaranteed
+    1/FAIR_BUCKETS of it and allowed all of it, so busy leaves split the rate by deficit
+    round robin (16 KiB quantum); each leaf queues in a bfifo as deep as tbf's queue (or
+    $CPSGD_FAIR_LEAF_LIMIT bytes).  A u32 hash on the low bits of the TCP destination
+    port picks the leaf; other packets go to the first leaf."""
     burst, limit = _queue_sizes(rate_bps)
-    leaf_limit = os.environ.get(FAIR_LEAF_LIMIT_ENV)
-    if leaf_limit:
-        try:
-            limit = int(leaf_limit)
-        except ValueError:
-            limit = 0
-        if limit < burst:
-            raise NetemError("%s=%r: give a leaf's queue in bytes, at least the link's "
-                             "burst (%d)" % (FAIR_LEAF_LIMIT_ENV, leaf_limit, burst))
+    limit = fair_leaf_limit(burst) or limit
     share = max(8000, int(rate_bps / FAIR_BUCKETS))
     lines = ["qdisc add dev %s root handle 1: htb default 10 r2q 1000" % dev,
              "class add dev %s parent 1: classid 1:1 htb rate %s ceil %s burst %d cburst %d"

@@ -5,6 +5,7 @@ Pure parsing (no root, no ``ip``/``tc``); :mod:`mxnet_cpsgd.cluster.netem` build
 networks and re-exports these names.
 """
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -160,3 +161,25 @@ def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
         # test it on)
         raise NetemError("queue 'fair' with a delay is not supported; give RATE,fair "
                          "or RATE,DELAY")
+
+
+#: bytes each leaf of a 'fair' link may queue, instead of the link's whole queue (tbf's
+#: 400 ms): an experiment's setting, read when a link is set up. With N busy leaves a
+#: leaf drains at 1/N of the rate, so a full leaf of the default depth holds its packets
+#: N x 400 ms; a host's fq_codel would keep each flow's queue near 5 ms
+FAIR_LEAF_LIMIT_ENV = "CPSGD_FAIR_LEAF_LIMIT"
+
+
+def fair_leaf_limit(burst: int) -> Optional[int]:
+    """$CPSGD_FAIR_LEAF_LIMIT in bytes, or None when unset; NetemError below ``burst``."""
+    text = os.environ.get(FAIR_LEAF_LIMIT_ENV)
+    if not text:
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if limit < burst:
+        raise NetemError("%s=%r: give a leaf's queue in bytes, at least the link's burst "
+                         "(%d)" % (FAIR_LEAF_LIMIT_ENV, text, burst))
+    return limit
