@@ -637,3 +637,40 @@ def test_late_keys_script_names_the_keys_acknowledged_last(tmp_path):
         assert "| %d | %.1f, %.1f | %.1f, %.1f | %.1f |" % (
             late, starts[:, late].min(), starts[:, late].max(), ends[:, late].min(),
             last[late], last[late] - ends[:, late].min()) in printed, printed
+
+
+def test_late_keys_script_names_the_socket_that_held(tmp_path):
+    """late_keys.py --samples: within a round's late stretch (median key's
+    acknowledgement to the last), the socket whose unacknowledged bytes stayed the same
+    longest comes first, with its hold in seconds real; one whose bytes move never does."""
+    scale = 10.0
+    start_s = 1000.0  # wall clock of the round's first push, seconds
+    events = []
+    acks = [20.0, 30.0, 40.0, 300.0]  # dilated ms after the first push; key 3 is late
+    for pid in range(2):
+        for j, ack in enumerate(acks):
+            begin = start_s * 1e3 / scale + j  # dilated ms, as _trace_event takes them
+            events.append(_trace_event("KVStoreDistDefaultPush", pid, begin,
+                                       start_s * 1e3 / scale + ack - begin, scale))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    median_end = start_s + np.median(acks) * scale / 1e3
+    last_end = start_s + max(acks) * scale / 1e3
+    times = np.arange(start_s, last_end + 0.5, 0.25)
+    samples = []
+    for n, t in enumerate(times):
+        held = 5000 if median_end + 0.3 <= t <= last_end - 0.2 else 100 + n
+        samples.append({"t": float(t), "hosts": {"net:[1]": [
+            {"local": 40000, "remote": 9000, "unacked": held, "rtos": 0, "cwnd": 4},
+            {"local": 40001, "remote": 9001, "unacked": 200 + n, "rtos": 0, "cwnd": 9}]}})
+    spath = tmp_path / "samples.jsonl"
+    spath.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    printed = subprocess.run([sys.executable, os.path.join(PERF, "late_keys.py"), str(path),
+                              "--time-scale", str(scale), "--keys-per-round", "4",
+                              "--samples", str(spath)],
+                             stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                             check=True).stdout
+    inside = [t for t in times if median_end + 0.3 <= t <= last_end - 0.2]
+    assert "- host net:[1], 40000 > 9000, held %.2f s:" % (inside[-1] - inside[0]) in printed, \
+        printed
+    assert "40001 > 9001" not in printed

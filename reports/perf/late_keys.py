@@ -19,8 +19,16 @@ started (earliest and latest worker), when the workers got the acknowledgement (
 and last), all in dilated ms after the round's first push started, and the spread of the
 acknowledgements.  Then how many keys were acknowledged within the median key's time
 plus one compute period (--period-ms, default 100).
+
+With --samples (tcp_sampler.py's file, written beside the same run; the trace's and the
+samples' clocks are both the wall clock): the sockets whose unacknowledged bytes stayed
+the same longest between the median key's acknowledgement and the last one (host, ports,
+seconds real), with their unacknowledged bytes, RTOs in a row and congestion window at
+each sample from the round's start.
 """
 import argparse
+import gzip
+import json
 import os
 import statistics
 import sys
@@ -48,7 +56,13 @@ def main(argv=None):
     p.add_argument("--keys-per-round", type=int, default=76)
     p.add_argument("--show", type=int, default=6, help="keys per round to list (default 6)")
     p.add_argument("--period-ms", type=float, default=100.0)
+    p.add_argument("--samples", default=None, help="tcp_sampler.py's samples (.jsonl[.gz])")
     args = p.parse_args(argv)
+    samples = None
+    if args.samples:
+        opener = gzip.open if args.samples.endswith(".gz") else open
+        with opener(args.samples, "rt") as f:
+            samples = [json.loads(line) for line in f]
     found = rounds(traces(args.trace), args.keys_per_round)
     if not found:
         sys.exit("no complete round of %d dense pushes per worker in %s"
@@ -74,6 +88,42 @@ def main(argv=None):
             print("| %d | %.1f, %.1f | %.1f, %.1f | %.1f |" % (j, s0, s1, first, last,
                                                              last - first))
         print()
+        if samples is not None:
+            # trace microseconds -> wall-clock seconds
+            holding(samples, t0 / 1e6, (t0 + median_end * ms) / 1e6,
+                    (t0 + max(r[0] for r in rows) * ms) / 1e6, args.show)
+
+
+def holding(samples, start, median_end, last_end, show):
+    """Print the sockets whose unacknowledged bytes stayed the same longest within
+    [median_end, last_end] (wall-clock seconds), with their samples from ``start``."""
+    seen = {}
+    for s in samples:
+        if not start <= s["t"] <= last_end:
+            continue
+        for host, sockets in s["hosts"].items():
+            for k in sockets:
+                if k["unacked"] > 0:
+                    seen.setdefault((host, k["local"], k["remote"]), []).append((s["t"], k))
+    held = []
+    for name, points in seen.items():
+        inside = [(t, k["unacked"]) for t, k in points if median_end <= t <= last_end]
+        longest, run_start = 0.0, None
+        for (t, unacked), previous in zip(inside, [None] + inside[:-1]):
+            if previous is None or previous[1] != unacked:
+                run_start = t
+            longest = max(longest, t - run_start)
+        if longest > 0:
+            held.append((longest, name, points))
+    print("sockets holding the same unacknowledged bytes longest between the median "
+          "key's acknowledgement and the last (s real): unacked bytes / RTOs in a row / "
+          "cwnd at each sample, s after the round's first push")
+    for longest, (host, local, remote), points in sorted(held, reverse=True)[:show]:
+        print("- host %s, %d > %d, held %.2f s: %s" % (
+            host, local, remote, longest, " ".join(
+                "%+.2f:%d/%d/%d" % (t - start, k["unacked"], k["rtos"], k["cwnd"])
+                for t, k in points)))
+    print()
 
 
 if __name__ == "__main__":
