@@ -112,10 +112,10 @@ HOST_LANE = (
     "test_reproduce_bench.py", "test_slurm.py", "test_timed_training.py",
 )
 
-#: loopback test modules that run in the host lane too, after nothing in particular:
-#: the host lane spends much of its time waiting on purpose (links down, stall
-#: timeouts, daemons restarting), so it finished about 270 s before the other lane
-#: on two cores; these (about 120 s of loopback jobs that mostly wait for stalls
+#: loopback test modules that run in the host lane too (in file order among its
+#: modules): the host lane spends much of its time waiting on purpose (links down,
+#: stall timeouts, daemons restarting), so it finished about 270 s before the other
+#: lane on two cores; these (about 120 s of loopback jobs that mostly wait for stalls
 #: too) even the two out.  conftest.py marks them ``hosts`` like the modules above.
 HOST_LANE_GUESTS = ("test_stall.py",)
 

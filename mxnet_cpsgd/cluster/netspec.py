@@ -163,10 +163,10 @@ def _check_queue(queue: str, rate: Optional[str], delay: Optional[str]) -> None:
                          "or RATE,DELAY")
 
 
-#: bytes each leaf of a 'fair' link may queue, instead of the link's whole queue (tbf's
-#: 400 ms): an experiment's setting, read when a link is set up. With N busy leaves a
-#: leaf drains at 1/N of the rate, so a full leaf of the default depth holds its packets
-#: N x 400 ms; a host's fq_codel would keep each flow's queue near 5 ms
+#: bytes each leaf of a 'fair' link may queue, instead of as much as the link's tbf
+#: queue: an experiment's setting, read when a link is set up.  With N busy leaves a leaf
+#: drains at 1/N of the rate, so a full leaf holds a packet N times as long as the whole
+#: link's queue would; a host's fq_codel keeps each flow's queue near 5 ms instead
 FAIR_LEAF_LIMIT_ENV = "CPSGD_FAIR_LEAF_LIMIT"
 
 
