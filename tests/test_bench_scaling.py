@@ -660,9 +660,12 @@ def test_late_keys_script_names_the_socket_that_held(tmp_path):
     samples = []
     for n, t in enumerate(times):
         held = 5000 if median_end + 0.3 <= t <= last_end - 0.2 else 100 + n
-        samples.append({"t": float(t), "hosts": {"net:[1]": [
-            {"local": 40000, "remote": 9000, "unacked": held, "rtos": 0, "cwnd": 4},
-            {"local": 40001, "remote": 9001, "unacked": 200 + n, "rtos": 0, "cwnd": 9}]}})
+        sockets = [{"local": 40000, "remote": 9000, "unacked": held, "rtos": 0, "cwnd": 4},
+                   {"local": 40001, "remote": 9001, "unacked": 200 + n, "rtos": 0, "cwnd": 9}]
+        if n % 3 == 0:  # the same bytes, but acknowledged in between: never a hold
+            sockets.append({"local": 40002, "remote": 9002, "unacked": 21, "rtos": 0,
+                            "cwnd": 9})
+        samples.append({"t": float(t), "hosts": {"net:[1]": sockets}})
     spath = tmp_path / "samples.jsonl"
     spath.write_text("".join(json.dumps(s) + "\n" for s in samples))
     printed = subprocess.run([sys.executable, os.path.join(PERF, "late_keys.py"), str(path),
@@ -674,3 +677,4 @@ def test_late_keys_script_names_the_socket_that_held(tmp_path):
     assert "- host net:[1], 40000 > 9000, held %.2f s:" % (inside[-1] - inside[0]) in printed, \
         printed
     assert "40001 > 9001" not in printed
+    assert "40002 > 9002" not in printed

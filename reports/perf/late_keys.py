@@ -27,14 +27,13 @@ seconds real), with their unacknowledged bytes, RTOs in a row and congestion win
 each sample from the round's start.
 """
 import argparse
-import gzip
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from compute_gaps import traces  # noqa: E402
+from tcp_sampler import load_samples, socket_holds  # noqa: E402
 
 
 def rounds(found, keys_per_round):
@@ -58,11 +57,7 @@ def main(argv=None):
     p.add_argument("--period-ms", type=float, default=100.0)
     p.add_argument("--samples", default=None, help="tcp_sampler.py's samples (.jsonl[.gz])")
     args = p.parse_args(argv)
-    samples = None
-    if args.samples:
-        opener = gzip.open if args.samples.endswith(".gz") else open
-        with opener(args.samples, "rt") as f:
-            samples = [json.loads(line) for line in f]
+    samples = load_samples(args.samples) if args.samples else None
     found = rounds(traces(args.trace), args.keys_per_round)
     if not found:
         sys.exit("no complete round of %d dense pushes per worker in %s"
@@ -97,32 +92,26 @@ def main(argv=None):
 def holding(samples, start, median_end, last_end, show):
     """Print the sockets whose unacknowledged bytes stayed the same longest within
     [median_end, last_end] (wall-clock seconds), with their samples from ``start``."""
-    seen = {}
+    longest = {}
+    for first, last, name in socket_holds(
+            [s for s in samples if median_end <= s["t"] <= last_end]):
+        longest[name] = max(longest.get(name, 0.0), last - first)
+    points = {}
     for s in samples:
-        if not start <= s["t"] <= last_end:
-            continue
-        for host, sockets in s["hosts"].items():
-            for k in sockets:
-                if k["unacked"] > 0:
-                    seen.setdefault((host, k["local"], k["remote"]), []).append((s["t"], k))
-    held = []
-    for name, points in seen.items():
-        inside = [(t, k["unacked"]) for t, k in points if median_end <= t <= last_end]
-        longest, run_start = 0.0, None
-        for (t, unacked), previous in zip(inside, [None] + inside[:-1]):
-            if previous is None or previous[1] != unacked:
-                run_start = t
-            longest = max(longest, t - run_start)
-        if longest > 0:
-            held.append((longest, name, points))
+        if start <= s["t"] <= last_end:
+            for host, sockets in s["hosts"].items():
+                for k in sockets:
+                    if k["unacked"] > 0:
+                        points.setdefault((host, k["local"], k["remote"]), []).append((s["t"], k))
     print("sockets holding the same unacknowledged bytes longest between the median "
           "key's acknowledgement and the last (s real): unacked bytes / RTOs in a row / "
           "cwnd at each sample, s after the round's first push")
-    for longest, (host, local, remote), points in sorted(held, reverse=True)[:show]:
+    for held, name in sorted(((v, k) for k, v in longest.items()), reverse=True)[:show]:
+        host, local, remote = name
         print("- host %s, %d > %d, held %.2f s: %s" % (
-            host, local, remote, longest, " ".join(
+            host, local, remote, held, " ".join(
                 "%+.2f:%d/%d/%d" % (t - start, k["unacked"], k["rtos"], k["cwnd"])
-                for t, k in points)))
+                for t, k in points[name])))
     print()
 
 

@@ -110,10 +110,15 @@ def sample(out_path, interval, max_seconds):
             time.sleep(interval)
 
 
+def load_samples(path):
+    """The samples of a file that :func:`sample` wrote (gzipped or not)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
 def stalls(samples_path, run_dir, min_ms, scale=None):
-    opener = gzip.open if samples_path.endswith(".gz") else open
-    with opener(samples_path, "rt") as f:
-        samples = [json.loads(line) for line in f]
+    samples = load_samples(samples_path)
     path, run = (run_dir.rsplit(":", 1) if ":" in os.path.basename(run_dir)
                  else (run_dir, None))
     if os.path.isfile(path):  # NAME-iterations.json[:RUN], kept by steady_rate.py
@@ -155,7 +160,7 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
                         where = "%d > %d, %.0f, %d, %d" % (k["local"], k["remote"], k["rto_ms"],
                                                          k["unacked"], k["cwnd"])
         mark = " (stall)" if slowest >= min_ms else ""
-        overlapping = [(t1 - t0, t1) for t0, t1 in holds if t0 <= end and t1 >= start]
+        overlapping = [(t1 - t0, t1) for t0, t1, _ in holds if t0 <= end and t1 >= start]
         hold = "-"
         if overlapping:
             length, hold_end = max(overlapping)
@@ -165,8 +170,9 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
 
 
 def socket_holds(samples):
-    """(first, last) sample times of every run of samples in which one socket
-    (host, ports) kept the same unacknowledged bytes above 0, over two samples or more."""
+    """(first, last, socket) for every run of samples in which one socket, (host, local
+    port, remote port), kept the same unacknowledged bytes above 0, over two samples or
+    more: first and last are the run's first and last sample times."""
     current, holds = {}, []
     for s in samples:
         seen = {}
@@ -177,14 +183,15 @@ def socket_holds(samples):
         for name, (first, last, unacked) in list(current.items()):
             if seen.get(name) != unacked:
                 if last > first:
-                    holds.append((first, last))
+                    holds.append((first, last, name))
                 del current[name]
         for name, unacked in seen.items():
             if name in current:
                 current[name] = (current[name][0], s["t"], unacked)
             else:
                 current[name] = (s["t"], s["t"], unacked)
-    holds.extend((first, last) for first, last, _ in current.values() if last > first)
+    holds.extend((first, last, name) for name, (first, last, _) in current.items()
+                 if last > first)
     return holds
 
 
