@@ -258,38 +258,3 @@ def test_next_backward_does_not_wait_for_the_correction_round(worker_job, tmp_pa
     assert result.returncode == 0, result.text
     assert "worker 0: gradients written with the correction round open" in result.output
     assert result.output.count(": done") == 2, result.text
-
-
-def test_correction_waves_plans():
-    """correction_waves=2: the correction push of about half the model's elements waits
-    for the next step; those plans pull nothing; without the knob none waits."""
-    sizes = {0: 800, 1: 500, 2: 300, 3: 40, 4: 10}
-    policy = CPSGD(config.resolve("cpsgd", CPSGD.defaults,
-                                  dict(DELAY2_KNOBS, correction_waves=2), environ={}))
-    policy.set_num_workers(2)
-    policy.set_keys(sizes)
-    late = [k for k in sizes if policy.plan(8, k).push_next_step]
-    assert late == [1, 2, 4]  # 800 + 40 elements now, 500 + 300 + 10 a step later
-    for t in range(20):
-        for k in sizes:
-            plan = policy.plan(t, k)
-            assert plan.push_next_step == (k in late and t in (5, 8, 11, 14, 17)), (t, k)
-            if plan.push_next_step:
-                assert (plan.push, plan.pull) == (Push.DENSE, Pull.NONE)
-    policy = CPSGD(config.resolve("cpsgd", CPSGD.defaults, DELAY2_KNOBS, environ={}))
-    policy.set_keys(sizes)
-    assert not any(policy.plan(t, k).push_next_step for t in range(20) for k in sizes)
-    with pytest.raises(config.ConfigError, match="correction_waves=2 .*needs correction_delay"):
-        config.resolve("cpsgd", CPSGD.defaults, dict(CPSGD_KNOBS, correction_waves=2),
-                       environ={})
-
-
-def test_correction_waves_match_reference(worker_job):
-    """A real 2-worker job whose correction round leaves in two waves follows the same
-    reference as with one wave: only the sending time moves."""
-    knobs = dict(DELAY2_KNOBS, correction_waves=2)
-    rec = jobutil.run_recording(worker_job, spec("cpsgd", knobs, optimizer=MOMENTUM,
-                                                 iterations=20))
-    traj = check_against_reference(rec, "cpsgd", DELAY2_KNOBS)
-    assert [t for t in range(4, 20) if traj.push_kind[t] == "dense"] == [5, 8, 11, 14, 17]
-    assert_nontrivial_quantization(traj)

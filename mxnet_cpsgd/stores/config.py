@@ -162,10 +162,6 @@ KNOBS = {
                          "also the compressed round before it (the correction step builds "
                          "on the own weights too); 0 the authors' rule (default: 2 from 8 "
                          "workers where the other knobs allow it, else 0)"),
-    "correction_waves": (_int_choice(1, 2),
-                         "cpsgd with a correction_delay: 2 pushes half of the correction "
-                         "round's bytes at the correction step and the other half with the "
-                         "next step's pushes; 1 all at once (default: 1)"),
     "warmup_steps": (_int_at_least(0), "iterations of plain S-SGD before the algorithm starts"),
     "sync_period": (_int_at_least(1), "iterations between synchronisations with the global model"),
     "local_lr": (_positive_float,
@@ -226,9 +222,6 @@ class AlgorithmConfig:
             correction step builds on the own weights too); 0 the authors'
             rule.  Unset: 2 from 8 workers (with correction_period >= 3, the
             aligned schedule and momentum_path 'server'), else 0.
-        correction_waves: ``cpsgd`` with a correction_delay: 2 pushes half of
-            the correction round's bytes at the correction step and the other
-            half with the next step's pushes; 1 (default) all at once.
         warmup_steps: iterations of plain S-SGD first (local-update algorithms).
         sync_period: iterations between pulls of the global model (``ssdsgd``)
             or model averages (``localsgd``).
@@ -269,7 +262,6 @@ class AlgorithmConfig:
     correction_period: Optional[int] = None
     correction_schedule: Optional[str] = None
     correction_delay: Optional[int] = None
-    correction_waves: Optional[int] = None
     warmup_steps: Optional[int] = None
     sync_period: Optional[int] = None
     local_lr: Optional[float] = None
@@ -356,7 +348,6 @@ def resolve(algorithm, defaults, params=None, environ=None):
                           "momentum_path=%r)" % (settings["local_input"], algorithm,
                                                  settings.get("momentum_path")))
     _check_correction_delay(settings, algorithm)
-    _check_correction_waves(settings, algorithm)
     return AlgorithmConfig(algorithm, **settings)
 
 
@@ -373,14 +364,6 @@ def correction_delay_clashes(settings, delay):
     if settings.get("momentum_path") == "worker":
         clashes.append("momentum_path='server'")
     return clashes
-
-
-def _check_correction_waves(settings, algorithm):
-    # the second wave is pushed a step late: only a delay leaves that step unread
-    if (settings.get("correction_waves") or 1) > 1 and not settings.get("correction_delay"):
-        raise ConfigError("correction_waves=%d (kvstore '%s') needs correction_delay 1 or 2 "
-                          "(got %r)" % (settings["correction_waves"], algorithm,
-                                        settings.get("correction_delay")))
 
 
 def _check_correction_delay(settings, algorithm):

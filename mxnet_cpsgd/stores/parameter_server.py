@@ -34,7 +34,7 @@ from .key_layout import KeyLayout, ParamBuffers, bigarray_bound
 from .local_optimizer import LocalOptimizer
 from .policies.base import Local, Payload, Pull, Push
 from .server_optimizer import ServerOptimizer, state_size
-from .state_files import StateFiles, UpdaterView
+from .state_files import StateFiles
 
 _REQUIRED_ENV = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
                  "DMLC_NUM_WORKER")
@@ -48,6 +48,13 @@ class _StepItem(NamedTuple):
     outs: list       # the weights on each device (outs[0] is the worker's L)
     priority: int
     plan: object     # the policy's StepPlan for this iteration
+
+
+class _UpdaterView:
+    """What gluon.Trainer.load_states reads back (``kv._updater.optimizer``)."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
 
 
 class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
@@ -85,7 +92,6 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         self._step_left = set()           # trainable keys the open step still waits for
         self._checked = set()             # keys whose gradient arrays were checked
         self._own_sums = {}               # key -> summed gradient of FROM_LOCAL steps
-        self._next_step_pushes = []       # (param, priority): dense pushes of the next flush
         self._classic_setup()
 
     # ------------------------------------------------------------------ setup
@@ -231,7 +237,7 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
         """Make ``optimizer`` the Trainer-side optimizer; send the servers theirs
         (classic keys: at the first step, see ClassicCalls._ready_to_step)."""
         self._optimizer = optimizer
-        self._updater = UpdaterView(optimizer)
+        self._updater = _UpdaterView(optimizer)
         if self._policy.uses_local_optimizer:
             self._local = LocalOptimizer(
                 optimizer, self._kv.num_workers,
@@ -305,10 +311,13 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             self._kv.push(keys, values, priority=priority)
 
     def _wait_for_pulls(self):
-        """Block until no pull of this store runs: the compression switch flips the type
-        that MXNet's pulls read on engine threads while they run (``EncodeCompressedKey``
-        aborts with "Unsupported compression type: 0" if it changes under it).  Pushes
-        are safe: MXNet picks dense or compressed in the calling thread."""
+        """Block until no pull of this store runs (the compression switch needs that).
+
+        The switch flips the compression type that MXNet's pull operations also
+        read, on engine threads, while they run (``EncodeCompressedKey`` aborts
+        with "Unsupported compression type: 0" if the type changes under it).
+        Pushes are safe: MXNet picks dense or compressed in the calling thread.
+        """
         for targets in self._pulls_in_flight.values():
             for array in targets:
                 array.wait_to_read()
@@ -377,9 +386,6 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
     def _flush_step(self):
         """Issue everything the recorded keys' plans ask for, in dependency order."""
         items, self._pending, self._step_left = list(self._pending.values()), {}, set()
-        # the last step's late pushes first: the copies into send below then wait for them
-        later, self._next_step_pushes = self._next_step_pushes, []
-        self._send_dense(later)
         if not items:
             return
         # 1. the summed gradient; a step that pushes nothing can use it in place.  A
@@ -420,18 +426,19 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
             if plan.push is Push.NONE:
                 pulls.append((param, targets, priority))
             elif plan.push is Push.DENSE and self._switch is not None:
-                if plan.push_next_step:  # such a plan pulls nothing
-                    self._next_step_pushes.append((param, priority))
-                else:
-                    switched.append((param, targets, priority))
+                switched.append((param, targets, priority))
             elif plan.push is Push.DENSE and targets:
                 # the server answers the push with the new weights: one round trip
                 self._pull(param, targets, priority, push=True)
             else:
                 self._push_send(param, priority)
                 pulls.append((param, targets, priority))
-        self._send_dense([(param, priority) for param, _, priority in switched])
-        pulls.extend(switched)
+        if switched:
+            self._wait_for_pulls()  # the next local update needs them anyway
+            with self._switch.dense():
+                for param, _, priority in switched:
+                    self._push_send(param, priority)
+            pulls.extend(switched)
         # 4. pulls, after the switch is back
         for param, targets, priority in pulls:
             if targets:
@@ -441,14 +448,6 @@ class PolicyStore(ClassicCalls, StateFiles, mx.kv.KVStoreBase):
                 self._rounds[key] += 1
                 self._loaded_server_weights.pop(key, None)
             self._steps[key] += 1
-
-    def _send_dense(self, batch):
-        """Push each (param, priority)'s ``send`` at full precision on a compressing store."""
-        if batch:
-            self._wait_for_pulls()  # the next local update needs them anyway
-            with self._switch.dense():
-                for param, priority in batch:
-                    self._push_send(param, priority)
 
     def _own_sum(self, key, param):
         """A buffer for the gradient that no pull or push holds (see _flush_step)."""

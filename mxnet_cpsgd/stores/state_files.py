@@ -54,14 +54,6 @@ def join_chunk_states(states, elements):
                            for s in states], axis=1)
 
 
-
-class UpdaterView:
-    """What gluon.Trainer.load_states reads back (``kv._updater.optimizer``)."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-
 class StateFiles:
     """save/load_optimizer_states and the mirror keys they read and write."""
 

@@ -39,9 +39,6 @@ class StepPlan:
     pull: Pull
     local: Local
     payload: Payload = Payload.GRADIENT
-    # the push leaves with the next step's pushes instead of now (a dense push whose
-    # weights no step before the next one reads; the plan pulls nothing)
-    push_next_step: bool = False
 
 
 # plain synchronous SGD: push full precision, wait for the new weights

@@ -20,12 +20,6 @@ round before the correction go unwaited for: the step before the correction
 pulls nothing and the correction step builds on the own weights too
 (docs/algorithms/cpsgd.md).
 
-``correction_waves=2`` (with a delay) sends the correction round in two waves: half of
-the model's bytes (:func:`staggered_phases` with two phases) is pushed at the correction
-step, the other half with the next step's pushes, so the servers take half the burst at
-a time.  The values and their order per parameter are the same, only the sending time
-moves.
-
 ``momentum_path='worker'`` moves momentum to the workers, ``local_input`` picks
 what the local step reads then (see :mod:`mxnet_cpsgd.stores.worker_momentum`).
 
@@ -39,8 +33,6 @@ unset): the setting the fourth reproduction found as accurate as S-SGD, where
 the authors' momentum 0 (``local_momentum=0``) ended below it.  With momentum on
 the workers the local step already reads u, so its own momentum stays 0.
 """
-import dataclasses
-
 from ..config import correction_delay_clashes
 from ..local_optimizer import TRAINER_MOMENTUM
 from .base import SYNC_SGD, Local, Policy, Pull, Push, StepPlan
@@ -55,9 +47,6 @@ _AFTER_CORRECTION = StepPlan(Push.COMPRESSED, Pull.BACKGROUND, Local.FROM_LOCAL)
 # either; the correction step builds on the own weights
 _BEFORE_CORRECTION_UNPULLED = StepPlan(Push.COMPRESSED, Pull.NONE, Local.FROM_GLOBAL)
 _CORRECTION_FROM_LOCAL = StepPlan(Push.DENSE, Pull.NONE, Local.FROM_LOCAL)
-# correction_waves=2: the same, pushed with the next step's pushes
-_SECOND_WAVE = {plan: dataclasses.replace(plan, push_next_step=True)
-                for plan in (_CORRECTION_UNPULLED, _CORRECTION_FROM_LOCAL)}
 
 
 #: from this many workers on an unset correction_delay is 2
@@ -107,14 +96,13 @@ class CPSGD(Policy):
                 "correction_schedule": "aligned", "correction_delay": None,
                 "warmup_steps": 1000, "local_lr": None, "local_momentum": None,
                 "local_optimizer": "sgd", "local_wd": 0.0, "momentum_path": "server",
-                "local_input": None, "correction_waves": None}
+                "local_input": None}
     uses_compression = True
     uses_local_optimizer = True
 
     def __init__(self, config):
         super().__init__(config)
         self._phases = {}  # key -> phase; empty: every key at phase 0 (aligned)
-        self._second_wave = frozenset()  # keys whose correction push waits a step
         self.correction_delay = config.correction_delay or 0  # set_num_workers: unset
 
     def set_num_workers(self, num_workers):
@@ -123,9 +111,6 @@ class CPSGD(Policy):
     def set_keys(self, sizes):
         if self.config.correction_schedule == "staggered":
             self._phases = staggered_phases(sizes, self.config.correction_period)
-        if (self.config.correction_waves or 1) == 2:
-            self._second_wave = frozenset(k for k, wave in staggered_phases(sizes, 2).items()
-                                          if wave == 1)
 
     def local_settings(self, num_workers):
         settings = super().local_settings(num_workers)
@@ -146,8 +131,7 @@ class CPSGD(Policy):
                 return _CORRECTION
             # after a warm-up step the worker's weights are the synchronous pull's
             own = delay >= 2 and not self.in_warmup(step - 1)
-            plan = _CORRECTION_FROM_LOCAL if own else _CORRECTION_UNPULLED
-            return _SECOND_WAVE[plan] if key in self._second_wave else plan
+            return _CORRECTION_FROM_LOCAL if own else _CORRECTION_UNPULLED
         if delay and (step - phase) % period == 0 and not self.in_warmup(step - 1):
             return _AFTER_CORRECTION
         if delay >= 2 and (step + 2 - phase) % period == 0:

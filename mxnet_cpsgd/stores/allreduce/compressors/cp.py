@@ -47,7 +47,7 @@ _STATES_FORMAT = "mxnet-cpsgd-cp-allreduce-states-1"
 #: steps whose collectives may be in flight together (Horovod names cycle through them)
 _IN_FLIGHT = 4
 #: knobs of the CP-SGD policy that belong to the 2-bit parameter-server store only
-_PS_ONLY = ("type", "threshold", "correction_delay", "correction_waves")
+_PS_ONLY = ("type", "threshold", "correction_delay")
 
 
 def _as_list(x):
