@@ -310,6 +310,7 @@ def test_summarize_divides_dilated_times():
     (["--time-scale", "10"], "needs --emulate-compute"),
     (["--time-scale", "10", "--emulate-compute", "10", "--rates", "loopback"],
      "'loopback' has no emulated link"),
+    (["--tcp-congestion", "no-such-algorithm"], "this kernel offers"),
 ])
 def test_bench_rejects_bad_time_scale(tmp_path, capsys, argv, message):
     from mxnet_cpsgd.bench.cli import main

@@ -517,3 +517,31 @@ def test_fair_leaf_limit_setting(monkeypatch):
         monkeypatch.setenv(netspec.FAIR_LEAF_LIMIT_ENV, bad)
         with pytest.raises(netem.NetemError, match="CPSGD_FAIR_LEAF_LIMIT"):
             netem._fair_queue_batch("eth0", rate_bps, "4500kbit")
+
+
+def _namespace_congestion(node):
+    return subprocess.run(node.wrap(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]),
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@needs_netns
+def test_tcp_congestion_setting(network, monkeypatch):
+    """CPSGD_TCP_CONGESTION sets every node's TCP congestion control; unset, a node
+    keeps the machine's default; a name the kernel lacks is refused before any node
+    is made."""
+    machine = netspec.machine_tcp_congestion()
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        other = next(name for name in f.read().split() if name != machine)
+    monkeypatch.delenv(netspec.TCP_CONGESTION_ENV, raising=False)
+    net = network(1, None)
+    net.setup()
+    assert _namespace_congestion(net.nodes[0]) == machine
+    monkeypatch.setenv(netspec.TCP_CONGESTION_ENV, other)
+    net = network(2, "100mbit")
+    net.setup()
+    assert [_namespace_congestion(n) for n in net.nodes] == [other, other]
+    monkeypatch.setenv(netspec.TCP_CONGESTION_ENV, "no-such-algorithm")
+    net = network(2, None)
+    with pytest.raises(netem.NetemError, match="this kernel offers"):
+        net.setup()
+    assert net.nodes == [] and net.name not in " ".join(netem.list_namespaces())

@@ -89,7 +89,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from mxnet_cpsgd.cluster import netem
+from mxnet_cpsgd.cluster import netem, netspec
 from mxnet_cpsgd.bench.worker import COMPUTE_ONLY
 
 from .options import build_parser, validate
@@ -210,6 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _plot_workers(parser, args)
     try:
         validate(args)
+        if args.tcp_congestion:  # every namespace the jobs create takes it
+            os.environ[netspec.TCP_CONGESTION_ENV] = netspec.check_tcp_congestion(
+                args.tcp_congestion)
     except (BenchError, netem.NetemError) as err:
         parser.error(str(err))
     if not plotting_available():
@@ -318,6 +321,15 @@ def _run_jobs(args, jobs, raw_dir, have_netns):
     return runs, interrupted
 
 
+def _tcp_congestion() -> Optional[str]:
+    """The emulated hosts' TCP congestion control: the flag's, else the machine's."""
+    try:
+        return (os.environ.get(netspec.TCP_CONGESTION_ENV)
+                or netspec.machine_tcp_congestion())
+    except OSError:  # not Linux
+        return None
+
+
 def _result(args, argv, rates, none_mode, runs, interrupted, started, load_start) -> dict:
     """results.json: the configuration, the rows and checks derived from the runs,
     and the runs themselves."""
@@ -329,7 +341,7 @@ def _result(args, argv, rates, none_mode, runs, interrupted, started, load_start
         "timeline_iters", "unshaped_rate", "engine_threads", "queue", "time_scale")}
     config.update({"rates": rates, "algorithms": args.algorithm_list,
                    "variants": [v.as_dict() for v in args.variants.values()],
-                   "none_mode": none_mode,
+                   "none_mode": none_mode, "tcp_congestion": _tcp_congestion(),
                    "thread_env": dict(THREAD_ENV,
                                       MXNET_CPU_WORKER_NTHREADS=str(args.engine_threads))})
     return {

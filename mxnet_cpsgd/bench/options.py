@@ -63,6 +63,10 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
                         "figure of docs/performance.md: the TCP flows of a link share "
                         "its rate, like a Linux host's fq_codel) or fifo (one FIFO per "
                         "link direction)")
+    p.add_argument("--tcp-congestion", metavar="NAME", default=None,
+                   help="TCP congestion control of the emulated hosts, e.g. cubic (Linux's "
+                        "usual default), reno or bbr (default: this machine's, which "
+                        "new namespaces inherit; the results record which)")
     p.add_argument("--unshaped-rate", default="100gbit",
                    help="tbf rate of the 'none' rate's namespaces (far above what a veth "
                         "pair carries, so nothing is shaped); default 100gbit")

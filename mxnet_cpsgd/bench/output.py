@@ -91,7 +91,9 @@ def markdown_report(result: dict) -> str:
                "fifo": "fifo (one tbf FIFO per link direction)",
                "fair": "fair (the TCP flows of a link direction share its rate: htb "
                        "with 64 leaf classes by destination port)"}.get(
-               cfg.get("queue", "fifo"), cfg.get("queue")), "",
+               cfg.get("queue", "fifo"), cfg.get("queue"))
+           + (" TCP congestion control of the emulated hosts: %s." % cfg["tcp_congestion"]
+              if cfg.get("tcp_congestion") else ""), "",
            "Model %s, %d workers, %d server(s), batch %d per worker, %d timed iterations "
            "after %d discarded (algorithm warm-up %d steps), threshold %g, correction "
            "period %d; started %s; load average (1/5/15 min) at start %s, at end %s." % (

@@ -11,7 +11,8 @@ one FIFO (tbf's, 400 ms deep); ``'fair'`` shares the rate between TCP flows, lik
 fq_codel: an HTB class at the rate with :data:`FAIR_BUCKETS` leaves (deficit round robin,
 packets hashed to a leaf by destination port; this kernel has neither fq_codel nor sfq),
 each as deep as tbf's queue or ``$CPSGD_FAIR_LEAF_LIMIT`` bytes.  With one FIFO a burst of
-one flow holds back the others (reports/perf/colocated-2-4-workers.md).
+one flow holds back the others (reports/perf/colocated-2-4-workers.md).  A namespace's
+TCP congestion control is the machine's default unless ``$CPSGD_TCP_CONGESTION`` names one.
 
 Nodes get addresses 198.18.0.10, .11, ... from 198.18.0.0/15 (reserved for
 benchmarks).  The bridge gets no address: nodes talk at layer 2 only, so the root
@@ -51,7 +52,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 # the settings' parsing lives in netspec; re-exported, these stay this module's names
 from .netspec import (QUEUES, NetemError, NetworkSpec, _check_queue, fair_leaf_limit,  # noqa: F401
-                      dilate_spec, parse_delay, parse_rate, parse_spec, parse_time_scale)
+                      dilate_spec, parse_delay, parse_rate, parse_spec, parse_time_scale,
+                      tcp_congestion_argv)
 
 #: every name this module creates starts with this prefix + five hex digits
 NAME_PREFIX = "cpsgd"
@@ -287,14 +289,16 @@ class EmulatedNetwork:
         address = str(_FIRST_ADDRESS + index)
         _run(["ip", "netns", "add", netns])
         self._created_ns.append(netns)
+        congestion = tcp_congestion_argv(netns)  # $CPSGD_TCP_CONGESTION, when set
+        if congestion:
+            _run(congestion)
         # Create the pair with its second end directly inside the namespace,
         # named eth0 there, so the root namespace only ever sees host_link.
         _run(["ip", "link", "add", host_link, "type", "veth",
               "peer", "name", "eth0", "netns", netns])
         self._created_links.append(host_link)
         _run(["ip", "-n", netns, "link", "set", "lo", "up"])
-        _run(["ip", "-n", netns, "addr", "add", "%s/%d" % (address, _PREFIX_LEN),
-              "dev", "eth0"])
+        _run(["ip", "-n", netns, "addr", "add", "%s/%d" % (address, _PREFIX_LEN), "dev", "eth0"])
         _run(["ip", "-n", netns, "link", "set", "eth0", "up"])
         _run(["ip", "link", "set", host_link, "master", self.bridge])
         _run(["ip", "link", "set", host_link, "up"])
@@ -353,9 +357,8 @@ class EmulatedNetwork:
             raise NetemError("cleanup of %s incomplete: %s" % (self.name, "; ".join(errors)))
 
     def _install_signal_handlers(self) -> None:
-        # SIGTERM/SIGHUP would end the process without running atexit or
-        # ``finally``; turn them into SystemExit, but only where the program
-        # has not chosen its own handling (the launcher has).
+        # SIGTERM/SIGHUP would end the process without atexit or ``finally``: make them
+        # SystemExit, unless the program chose its own handling (the launcher has)
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -375,10 +378,8 @@ def _exit_on_signal(signum: int, frame) -> None:
 
 
 def netem_available() -> bool:
-    """Whether this kernel can add a netem delay (probed in a scratch namespace).
-
-    Needs root and ``ip``/``tc`` (see :func:`check_available`).
-    """
+    """Whether this kernel can add a netem delay (probed in a scratch namespace; needs
+    root and ``ip``/``tc``, see :func:`check_available`)."""
     check_available()
     probe = _new_job_name() + "-probe"
     _run(["ip", "netns", "add", probe])
@@ -439,9 +440,8 @@ def leftovers() -> Dict[str, List[str]]:
 
 
 def remove_leftovers(namespaces: Sequence[str], links: Sequence[str]) -> None:
-    """Delete the given leftovers (processes inside namespaces are killed).
-
-    Only names made by this module are touched; others raise.
+    """Delete the given leftovers (killing processes inside namespaces); only names
+    made by this module are touched, others raise.
 
     Args:
         namespaces: namespace names, e.g. from :func:`leftovers`.
@@ -480,9 +480,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="python -m mxnet_cpsgd.cluster.netem",
-        description="List or remove namespaces/links left by emulated networks "
-                    "(only after a launcher was SIGKILLed; --cleanup also "
-                    "removes those of jobs still running).")
+        description="List or remove namespaces/links left by emulated networks (only after "
+                    "a launcher was SIGKILLed; --cleanup also removes those of jobs running).")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--list", action="store_true", help="print leftovers")
     group.add_argument("--cleanup", action="store_true", help="remove leftovers")

@@ -8,7 +8,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
@@ -183,3 +183,40 @@ def fair_leaf_limit(burst: int) -> Optional[int]:
         raise NetemError("%s=%r: give a leaf's queue in bytes, at least the link's burst "
                          "(%d)" % (FAIR_LEAF_LIMIT_ENV, text, burst))
     return limit
+
+
+TCP_CONGESTION_ENV = "CPSGD_TCP_CONGESTION"
+_SYSCTL = "/proc/sys/net/ipv4/tcp_%s_congestion_control"
+
+
+def machine_tcp_congestion() -> str:
+    """This machine's default TCP congestion control, which a new namespace inherits."""
+    with open(_SYSCTL.replace("%s_", "")) as f:
+        return f.read().strip()
+
+
+def check_tcp_congestion(name: str) -> str:
+    """``name`` if this kernel offers that TCP congestion control, else NetemError."""
+    try:
+        with open(_SYSCTL % "available") as f:
+            available = f.read().split()
+    except OSError as err:
+        raise NetemError("cannot choose a TCP congestion control here: %s" % err)
+    if name not in available:
+        raise NetemError("TCP congestion control %r: this kernel offers %s"
+                         % (name, ", ".join(available)))
+    return name
+
+
+def tcp_congestion_argv(netns: str) -> Optional[List[str]]:
+    """The command that sets ``$CPSGD_TCP_CONGESTION`` in a new namespace, or None when
+    unset (the namespace keeps the machine's default, e.g. bbr where the machine uses it).
+
+    Raises:
+        NetemError: the kernel does not offer that congestion control.
+    """
+    name = os.environ.get(TCP_CONGESTION_ENV, "").strip()
+    if not name:
+        return None
+    return ["ip", "netns", "exec", netns, "sysctl", "-qw",
+            "net.ipv4.tcp_congestion_control=" + check_tcp_congestion(name)]

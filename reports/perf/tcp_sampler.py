@@ -13,7 +13,9 @@ started) and writes one JSON line: the wall clock and, per host, the established
 sockets with bytes not yet acknowledged (tx_queue) or in retransmission backoff
 (``retrnsmt`` > 0: how many RTOs in a row fired without an acknowledgement),
 with their ports, unacknowledged bytes, RTOs in a row, RTO and congestion
-window.  Stops when no worker is left (after one was seen) or after --max-seconds.
+window; from the long runs on also sockets with bytes received but not yet read by
+the process (``unread``), the pending timer (1 retransmission or loss probe, 4
+zero-window probe) and the unanswered zero-window probes.  Stops when no worker is left (after one was seen) or after --max-seconds.
 
 --stalls: every timed iteration of RUN (marked where its slowest worker took at
 least --min-ms, emulated: divided by the run's dilation), lined up with the
@@ -26,7 +28,9 @@ acknowledgement came and nothing was written), in seconds real, and when it
 ended, in seconds real after the first worker finished the iteration (negative:
 before).  A socket waiting for its first RTO after a lost segment has no RTO
 in a row yet and shows only as a hold.  Samples written before holds were
-recorded (only sockets in backoff) show none.
+recorded (only sockets in backoff) show none.  From the long runs on, also the
+most bytes one socket had received but its process not yet read, and how many
+sockets at once waited on a zero-window probe (their peer's receive window closed).
 """
 import argparse
 import functools
@@ -81,12 +85,16 @@ def backoff_sockets(pid):
         if f[3] != "01":  # established
             continue
         retransmits = int(f[6], 16)
-        tx_queue = int(f[4].split(":")[0], 16)
-        if retransmits == 0 and tx_queue == 0:
+        tx_queue, rx_queue = (int(x, 16) for x in f[4].split(":"))
+        timer = int(f[5].split(":")[0], 16)
+        if retransmits == 0 and tx_queue == 0 and rx_queue == 0 and timer != 4:
             continue
-        # after inode: refcount, pointer, rto, ato, quick/pingpong, cwnd, ssthresh
+        # timer 1: retransmission (or loss probe), 4: zero-window probe; after uid the
+        # unanswered zero-window probes; after inode: refcount, pointer, rto, ato,
+        # quick/pingpong, cwnd, ssthresh
         out.append({"local": int(f[1].split(":")[1], 16), "remote": int(f[2].split(":")[1], 16),
-                    "rtos": retransmits, "unacked": tx_queue,
+                    "rtos": retransmits, "unacked": tx_queue, "unread": rx_queue,
+                    "timer": timer, "probes": int(f[8]),
                     "rto_ms": 1e3 * int(f[12]) / HZ, "cwnd": int(f[15])})
     return out
 
@@ -146,8 +154,10 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
     holds = socket_holds(samples)
     print("| i | slowest worker ms | samples | sockets in backoff (most) | most RTOs in a row "
           "| that socket: ports local > remote, RTO ms, unacked bytes, cwnd "
-          "| longest hold s (real), its end s after the first worker's end |")
-    print("|---:|---:|---:|---:|---:|---|---|")
+          "| longest hold s (real), its end s after the first worker's end "
+          "| most unread bytes on one socket (ports) | sockets with a zero-window probe "
+          "pending (most at once) |")
+    print("|---:|---:|---:|---:|---:|---|---|---|---:|")
     for i, start, end, slowest, first_end in spans:
         inside = [s for s in samples if start <= s["t"] <= end]
         most, where, count = 0, "-", 0
@@ -165,8 +175,18 @@ def stalls(samples_path, run_dir, min_ms, scale=None):
         if overlapping:
             length, hold_end = max(overlapping)
             hold = "%.2f, %+.2f" % (length, hold_end - first_end)
-        print("| %d%s | %.1f | %d | %d | %d | %s | %s |" % (
-            i, mark, slowest, len(inside), count, most, where, hold))
+        # recorded from the long runs on: '-' for older samples
+        recorded = any("unread" in k for s in inside for v in s["hosts"].values() for k in v)
+        unread, probing = "-", "-"
+        if recorded:
+            socks = [k for s in inside for v in s["hosts"].values() for k in v]
+            top = max(socks, key=lambda k: k.get("unread", 0))
+            unread = ("%d (%d > %d)" % (top["unread"], top["local"], top["remote"])
+                      if top.get("unread") else "0")
+            probing = max(sum(1 for v in s["hosts"].values() for k in v
+                              if k.get("timer") == 4) for s in inside)
+        print("| %d%s | %.1f | %d | %d | %d | %s | %s | %s | %s |" % (
+            i, mark, slowest, len(inside), count, most, where, hold, unread, probing))
 
 
 def socket_holds(samples):
