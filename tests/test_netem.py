@@ -530,8 +530,15 @@ def test_tcp_congestion_setting(network, monkeypatch):
     keeps the machine's default; a name the kernel lacks is refused before any node
     is made."""
     machine = netspec.machine_tcp_congestion()
+    with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+        allowed = f.read().split()
     with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
-        other = next(name for name in f.read().split() if name != machine)
+        barred = [name for name in f.read().split() if name not in allowed]
+    other = next(name for name in allowed if name != machine)  # reno is always allowed
+    for name in barred:  # a namespace may not use it: refused, with the way to allow it
+        monkeypatch.setenv(netspec.TCP_CONGESTION_ENV, name)
+        with pytest.raises(netem.NetemError, match="tcp_allowed_congestion_control="):
+            network(1, None).setup()
     monkeypatch.delenv(netspec.TCP_CONGESTION_ENV, raising=False)
     net = network(1, None)
     net.setup()

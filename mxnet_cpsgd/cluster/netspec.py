@@ -196,15 +196,25 @@ def machine_tcp_congestion() -> str:
 
 
 def check_tcp_congestion(name: str) -> str:
-    """``name`` if this kernel offers that TCP congestion control, else NetemError."""
+    """``name`` if a new namespace may use that TCP congestion control, else NetemError.
+
+    The kernel lets a namespace other than the machine's own choose only the algorithms
+    in ``net.ipv4.tcp_allowed_congestion_control``."""
     try:
         with open(_SYSCTL % "available") as f:
             available = f.read().split()
+        with open(_SYSCTL % "allowed") as f:
+            allowed = f.read().split()
     except OSError as err:
         raise NetemError("cannot choose a TCP congestion control here: %s" % err)
     if name not in available:
         raise NetemError("TCP congestion control %r: this kernel offers %s"
                          % (name, ", ".join(available)))
+    if name not in allowed:
+        raise NetemError("TCP congestion control %r: the kernel lets a namespace use only "
+                         "%s; allow it (as root) with sysctl -w "
+                         "net.ipv4.tcp_allowed_congestion_control='%s'"
+                         % (name, ", ".join(allowed), " ".join(allowed + [name])))
     return name
 
 
