@@ -550,8 +550,9 @@ def test_steady_rate_script_counts_whole_periods_after_the_first_gap(tmp_path):
 def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
     """reports/perf/tcp_sampler.py --stalls on a synthetic run (2 workers, 4 timed
     iterations, dilated x10, one slow iteration) and samples at known times: each
-    iteration gets the samples between its first start and last end, and the deepest
-    backoff among them."""
+    iteration gets the samples between its first start and last end, the deepest
+    backoff among them, the most unread bytes and the zero-window probes pending (shown
+    as '-' for samples from before those were recorded)."""
     scale, start = 10.0, 1000.0
     times = np.array([[1.0, 1.0, 3.0, 1.0], [1.1, 0.9, 3.2, 0.8]])  # seconds, dilated
     run = tmp_path / "runs" / "90mbit-cpsgd"
@@ -565,8 +566,13 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
         deep = 3 if 2.5 < t - start < 4.5 else 1  # the slow iteration: 3 RTOs in a row
         # acknowledgements move the unacked bytes, except while the slow one holds
         unacked = 5000 if deep == 3 else 100 + n
+        # while the slow one holds, its peer also leaves 700 bytes unread and a second
+        # socket waits on a zero-window probe
+        probing = [dict(socket, local=40001, rtos=0, rto_ms=200.0, unacked=0, unread=0,
+                        timer=4)] if deep == 3 else []
         samples.append({"t": float(t), "hosts": {"net:[1]": [
-            dict(socket, rtos=deep, rto_ms=200.0 * 2 ** deep, unacked=unacked)]}})
+            dict(socket, rtos=deep, rto_ms=200.0 * 2 ** deep, unacked=unacked,
+                 unread=700 if deep == 3 else 0, timer=1)] + probing}})
     held = [s["t"] for s in samples if s["hosts"]["net:[1]"][0]["unacked"] == 5000]
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -584,12 +590,14 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
         slow = 1e3 * times[:, i].max() / scale
         mark = " (stall)" if slow >= 250 else ""
         deepest = max(inside, key=lambda s: s["hosts"]["net:[1]"][0]["rtos"])
+        probes = max(len(s["hosts"]["net:[1]"]) - 1 for s in inside)
         hold = "-"
         if held[0] <= hi and held[-1] >= lo:
             hold = "%.2f, %+.2f" % (held[-1] - held[0], held[-1] - (start + ends[:, i].min()))
-        assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, %d, 1 | %s |" % (
+        assert "| %d%s | %.1f | %d | 1 | %d | 40000 > 9000, %.0f, %d, 1 | %s | %s | %d |" % (
             i, mark, slow, len(inside), most, 200.0 * 2 ** most,
-            deepest["hosts"]["net:[1]"][0]["unacked"], hold) in printed, printed
+            deepest["hosts"]["net:[1]"][0]["unacked"], hold,
+            "700 (40000 > 9000)" if probes else "0", probes) in printed, printed
     packed = tmp_path / "samples.jsonl.gz"
     packed.write_bytes(gzip.compress(path.read_bytes()))
     assert subprocess.run([sys.executable, script, "--stalls", str(packed), str(run),
@@ -599,6 +607,17 @@ def test_tcp_sampler_lines_samples_up_with_iterations(tmp_path):
     assert printed.count(" | -") == sum(  # iterations the hold does not reach
         1 for i in range(4) if not (held[0] <= start + ends[:, i].max()
                                     and held[-1] >= start + starts[:, i].min()))
+    for s in samples:  # as written before unread bytes and probes were recorded
+        s["hosts"]["net:[1]"] = [{k: v for k, v in k.items() if k not in ("unread", "timer")}
+                                 for k in s["hosts"]["net:[1]"]]
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    older = subprocess.run([sys.executable, script, "--stalls", str(path), str(run),
+                            "--time-scale", str(scale), "--min-ms", "250"],
+                           stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                           check=True).stdout
+    rows = [line for line in older.splitlines()
+            if line.startswith("| ") and not line.startswith("|---")][1:]
+    assert len(rows) == 4 and all(r.endswith("| - | - |") for r in rows), older
 
 
 def test_late_keys_script_names_the_keys_acknowledged_last(tmp_path):

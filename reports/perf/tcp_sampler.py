@@ -15,7 +15,8 @@ sockets with bytes not yet acknowledged (tx_queue) or in retransmission backoff
 with their ports, unacknowledged bytes, RTOs in a row, RTO and congestion
 window; from the long runs on also sockets with bytes received but not yet read by
 the process (``unread``), the pending timer (1 retransmission or loss probe, 4
-zero-window probe) and the unanswered zero-window probes.  Stops when no worker is left (after one was seen) or after --max-seconds.
+zero-window probe) and the unanswered zero-window probes.  Stops when no worker is
+left (after one was seen) or after --max-seconds.
 
 --stalls: every timed iteration of RUN (marked where its slowest worker took at
 least --min-ms, emulated: divided by the run's dilation), lined up with the
