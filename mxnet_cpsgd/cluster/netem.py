@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 # the settings' parsing lives in netspec; re-exported, these stay this module's names
 from .netspec import (QUEUES, NetemError, NetworkSpec, _check_queue, fair_leaf_limit,  # noqa: F401
                       dilate_spec, parse_delay, parse_rate, parse_spec, parse_time_scale,
-                      tcp_congestion_argv)
+                      tcp_congestion_setting)
 
 #: every name this module creates starts with this prefix + five hex digits
 NAME_PREFIX = "cpsgd"
@@ -254,6 +254,7 @@ class EmulatedNetwork:
             NetemError: emulation unavailable or an ip/tc command failed.
         """
         check_available()
+        congestion = tcp_congestion_setting()  # checked once, before anything is made
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._install_signal_handlers()
@@ -266,7 +267,7 @@ class EmulatedNetwork:
             if self.delay:
                 self._check_netem()
             for index in range(self.num_nodes):
-                self.nodes.append(self._add_node(index))
+                self.nodes.append(self._add_node(index, congestion))
         except BaseException:
             self.close()
             raise
@@ -283,15 +284,15 @@ class EmulatedNetwork:
                              % (self.delay, probe.stderr.strip()))
         _run(["tc", "qdisc", "del", "dev", self.bridge, "root"])
 
-    def _add_node(self, index: int) -> EmulatedNode:
+    def _add_node(self, index: int, congestion: Optional[str]) -> EmulatedNode:
         netns = "%s-%d" % (self.name, index)
         host_link = "%sh%d" % (self.name, index)
         address = str(_FIRST_ADDRESS + index)
         _run(["ip", "netns", "add", netns])
         self._created_ns.append(netns)
-        congestion = tcp_congestion_argv(netns)  # $CPSGD_TCP_CONGESTION, when set
-        if congestion:
-            _run(congestion)
+        if congestion:  # every socket made in the namespace from now on uses it
+            _run(["ip", "netns", "exec", netns, "sysctl", "-qw",
+                  "net.ipv4.tcp_congestion_control=" + congestion])
         # Create the pair with its second end directly inside the namespace,
         # named eth0 there, so the root namespace only ever sees host_link.
         _run(["ip", "link", "add", host_link, "type", "veth",

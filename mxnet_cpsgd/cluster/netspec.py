@@ -8,7 +8,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
 _DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
@@ -218,15 +218,12 @@ def check_tcp_congestion(name: str) -> str:
     return name
 
 
-def tcp_congestion_argv(netns: str) -> Optional[List[str]]:
-    """The command that sets ``$CPSGD_TCP_CONGESTION`` in a new namespace, or None when
-    unset (the namespace keeps the machine's default, e.g. bbr where the machine uses it).
+def tcp_congestion_setting() -> Optional[str]:
+    """``$CPSGD_TCP_CONGESTION``, checked, or None when unset (a new namespace then keeps
+    the machine's default, e.g. bbr where the machine uses it).
 
     Raises:
-        NetemError: the kernel does not offer that congestion control.
+        NetemError: a namespace may not use that congestion control.
     """
     name = os.environ.get(TCP_CONGESTION_ENV, "").strip()
-    if not name:
-        return None
-    return ["ip", "netns", "exec", netns, "sysctl", "-qw",
-            "net.ipv4.tcp_congestion_control=" + check_tcp_congestion(name)]
+    return check_tcp_congestion(name) if name else None
